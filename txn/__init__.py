@@ -1,0 +1,86 @@
+"""txn: a native asyncio Apache Pulsar client with transactions.
+
+``txn.Client`` (blocking) and ``txn.AsyncClient`` (asyncio) share one core. Where
+they overlap the official ``pulsar-client`` API, names and parameters match.
+"""
+
+__version__ = "0.1.0"
+
+from .auth import Authentication, AuthenticationToken  # noqa: E402
+from .client import AsyncClient  # noqa: E402
+from .consumer import AsyncConsumer, ConsumerType, InitialPosition  # noqa: E402
+from .errors import (  # noqa: E402
+    AlreadyClosed,
+    AuthenticationError,
+    AuthorizationError,
+    BrokerError,
+    ConnectError,
+    ConsumerBusy,
+    CoordinatorNotFound,
+    InvalidTopicName,
+    InvalidTxnStatus,
+    MessageTooBig,
+    ProducerBusy,
+    ProducerFenced,
+    ProducerQueueIsFull,
+    ProtocolError,
+    PulsarError,
+    Result,
+    SubscriptionNotFound,
+    Timeout,
+    TopicNotFound,
+    TransactionConflict,
+    TransactionError,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
+from .message import EARLIEST, LATEST, Message, MessageId, TxnID  # noqa: E402
+from .producer import AsyncProducer  # noqa: E402
+from .protocol import CompressionType  # noqa: E402
+from .sync import Client, Consumer, Producer, Transaction  # noqa: E402
+from .transaction import AsyncTransaction, TxnState  # noqa: E402
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "AlreadyClosed",
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "AsyncTransaction",
+    "Authentication",
+    "AuthenticationError",
+    "AuthenticationToken",
+    "AuthorizationError",
+    "BrokerError",
+    "Client",
+    "CompressionType",
+    "ConnectError",
+    "Consumer",
+    "ConsumerBusy",
+    "ConsumerType",
+    "CoordinatorNotFound",
+    "InitialPosition",
+    "InvalidTopicName",
+    "InvalidTxnStatus",
+    "Message",
+    "MessageId",
+    "MessageTooBig",
+    "Producer",
+    "ProducerBusy",
+    "ProducerFenced",
+    "ProducerQueueIsFull",
+    "ProtocolError",
+    "PulsarError",
+    "Result",
+    "SubscriptionNotFound",
+    "Timeout",
+    "TopicNotFound",
+    "Transaction",
+    "TransactionConflict",
+    "TransactionError",
+    "TransactionNotFound",
+    "TransactionTimedOut",
+    "TxnID",
+    "TxnState",
+]

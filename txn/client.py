@@ -1,0 +1,172 @@
+"""``AsyncClient``: the asyncio core that producers, consumers and transactions hang off."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from .auth import Authentication
+from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .coordinator import CoordinatorClient
+from .errors import AlreadyClosed
+from .pool import ConnectionPool
+from .producer import AsyncProducer, ProducerConfig
+from .protocol import CompressionType
+from .topic import parse_topic
+from .transaction import AsyncTransaction
+
+
+class AsyncClient:
+    """A Pulsar client for asyncio code.
+
+    Parameters mirror ``pulsar.Client``; use ``async with AsyncClient(url) as c``
+    or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        authentication: Authentication | None = None,
+        operation_timeout_seconds: float = 30,
+        connection_timeout_ms: int = 10000,
+        keep_alive_interval_seconds: float = 30,
+        tls_trust_certs_file_path: str | None = None,
+        tls_allow_insecure_connection: bool = False,
+        tls_validate_hostname: bool = False,
+    ) -> None:
+        self._pool = ConnectionPool(
+            service_url,
+            auth=authentication,
+            operation_timeout=float(operation_timeout_seconds),
+            connection_timeout=connection_timeout_ms / 1000.0,
+            keepalive_interval=float(keep_alive_interval_seconds),
+            tls_trust_certs_file_path=tls_trust_certs_file_path,
+            tls_allow_insecure_connection=tls_allow_insecure_connection,
+            tls_validate_hostname=tls_validate_hostname,
+        )
+        self._ids = itertools.count(1)
+        self._tc = CoordinatorClient(self._pool)
+        self._producers: set[AsyncProducer] = set()
+        self._consumers: set[AsyncConsumer] = set()
+        self._closed = False
+
+    def _next_id(self) -> int:
+        return next(self._ids)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("client is closed")
+
+    def _forget(self, obj: Any) -> None:
+        self._producers.discard(obj)
+        self._consumers.discard(obj)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def create_producer(
+        self,
+        topic: str,
+        producer_name: str | None = None,
+        initial_sequence_id: int | None = None,
+        send_timeout_millis: int = 30000,
+        compression_type: CompressionType = CompressionType.NONE,
+        max_pending_messages: int = 1000,
+        max_pending_messages_across_partitions: int = 50000,
+        block_if_queue_full: bool = False,
+        batching_enabled: bool = True,
+        batching_max_messages: int = 1000,
+        batching_max_allowed_size_in_bytes: int = 128 * 1024,
+        batching_max_publish_delay_ms: int = 10,
+        properties: dict[str, str] | None = None,
+    ) -> AsyncProducer:
+        """Create a producer; raises the broker's typed error if it refuses."""
+        self._check()
+        name = str(parse_topic(topic))
+        if max_pending_messages <= 0:
+            raise ValueError("max_pending_messages must be positive (the window is always bounded)")
+        conf = ProducerConfig(
+            producer_name=producer_name,
+            initial_sequence_id=initial_sequence_id,
+            send_timeout_millis=send_timeout_millis,
+            compression_type=CompressionType(compression_type),
+            max_pending_messages=max_pending_messages,
+            max_pending_messages_across_partitions=max_pending_messages_across_partitions,
+            block_if_queue_full=block_if_queue_full,
+            batching_enabled=batching_enabled,
+            batching_max_messages=batching_max_messages,
+            batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
+            batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+            properties=dict(properties or {}),
+        )
+        p = AsyncProducer(self, name, conf)
+        await p._start()  # noqa: SLF001
+        self._producers.add(p)
+        return p
+
+    async def subscribe(
+        self,
+        topic: str | list[str],
+        subscription_name: str,
+        consumer_type: ConsumerType = ConsumerType.Exclusive,
+        initial_position: InitialPosition = InitialPosition.Latest,
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+        max_total_receiver_queue_size_across_partitions: int = 50000,
+        negative_ack_redelivery_delay_ms: int = 60000,
+        properties: dict[str, str] | None = None,
+        ack_grouping_time_ms: int = 100,
+    ) -> AsyncConsumer:
+        """Subscribe to one topic or a list of topics."""
+        self._check()
+        topics = [topic] if isinstance(topic, str) else list(topic)
+        if not topics:
+            raise ValueError("subscribe needs at least one topic")
+        names = [str(parse_topic(t)) for t in topics]
+        if not subscription_name or not isinstance(subscription_name, str):
+            raise ValueError("subscription_name must be a non-empty string")
+        if receiver_queue_size <= 0:
+            raise ValueError("receiver_queue_size must be positive (the queue is always bounded)")
+        conf = ConsumerConfig(
+            subscription_name=subscription_name,
+            consumer_type=ConsumerType(consumer_type),
+            initial_position=InitialPosition(initial_position),
+            consumer_name=consumer_name,
+            receiver_queue_size=receiver_queue_size,
+            max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+            ack_grouping_time_ms=ack_grouping_time_ms,
+            properties=dict(properties or {}),
+        )
+        c = AsyncConsumer(self, names, conf)
+        await c._start()  # noqa: SLF001
+        self._consumers.add(c)
+        return c
+
+    async def new_transaction(self, timeout_millis: int = 60000) -> AsyncTransaction:
+        """Open a transaction that the broker aborts if not ended within ``timeout_millis``."""
+        self._check()
+        if timeout_millis <= 0:
+            raise ValueError("timeout_millis must be positive")
+        txn_id = await self._tc.new_txn(int(timeout_millis))
+        return AsyncTransaction(self._tc, txn_id, int(timeout_millis))
+
+    async def get_topic_partitions(self, topic: str) -> list[str]:
+        """Partition names of ``topic`` (``[topic]`` if it is not partitioned)."""
+        self._check()
+        name = str(parse_topic(topic))
+        n = await self._pool.partitions(name)
+        return [name] if n == 0 else [f"{name}-partition-{i}" for i in range(n)]
+
+    async def close(self) -> None:
+        """Close producers (flushing them), consumers and connections."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(*(p.close() for p in list(self._producers)), return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in list(self._consumers)), return_exceptions=True)
+        self._pool.close()

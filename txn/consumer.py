@@ -1,0 +1,615 @@
+"""Consumers: subscriptions, flow permits, batch parsing, grouped acks, transactional acks,
+negative acks, redelivery and reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from .backoff import Backoff
+from .connection import Connection, check_error, command, next_request_id
+from .errors import (
+    AlreadyClosed,
+    ConnectError,
+    ProtocolError,
+    PulsarError,
+    from_server_error,
+)
+from .message import Message, MessageId
+from .protocol import Frame, decode_batch, decompress, pb
+from .receive_queue import ReceiveQueue
+
+if TYPE_CHECKING:
+    from .client import AsyncClient
+    from .transaction import AsyncTransaction
+
+log = logging.getLogger("txn.consumer")
+T = pb.BaseCommand
+
+
+class ConsumerType(IntEnum):
+    """Subscription types (names as in ``pulsar.ConsumerType``)."""
+
+    Exclusive = 0
+    Shared = 1
+    Failover = 2
+    KeyShared = 3
+
+
+class InitialPosition(IntEnum):
+    """Where a new subscription starts."""
+
+    Latest = 0
+    Earliest = 1
+
+
+@dataclass(slots=True)
+class ConsumerConfig:
+    """Consumer settings; names follow ``pulsar.Client.subscribe``."""
+
+    subscription_name: str
+    consumer_type: ConsumerType = ConsumerType.Exclusive
+    initial_position: InitialPosition = InitialPosition.Latest
+    consumer_name: str | None = None
+    receiver_queue_size: int = 1000
+    max_total_receiver_queue_size_across_partitions: int = 50000
+    negative_ack_redelivery_delay_ms: int = 60000
+    ack_grouping_time_ms: int = 100
+    ack_grouping_max_size: int = 1000
+    properties: dict[str, str] = field(default_factory=dict)
+    key_shared_allow_out_of_order: bool = False
+
+
+def _ack_set_words(n: int, acked: list[int], acked_upto: int | None = None) -> list[int]:
+    """Java ``BitSet.toLongArray`` of the *unacked* indexes of an ``n``-message batch."""
+    bits = (1 << n) - 1
+    for i in acked:
+        bits &= ~(1 << i)
+    if acked_upto is not None:
+        bits &= ~((1 << (acked_upto + 1)) - 1)
+    words = []
+    while bits:
+        w = bits & 0xFFFFFFFFFFFFFFFF
+        words.append(w - (1 << 64) if w >= 1 << 63 else w)
+        bits >>= 64
+    return words
+
+
+def _is_acked(ack_set: Any, i: int) -> bool:
+    """In a broker-sent ack set, a cleared bit means that batch index is already acked."""
+    w = i // 64
+    if w >= len(ack_set):
+        return True
+    return not (ack_set[w] & (1 << (i % 64)))
+
+
+class _TopicConsumer:
+    """Consumer on one topic or partition."""
+
+    def __init__(self, parent: AsyncConsumer, topic: str, partition: int, permits: int) -> None:
+        self.parent = parent
+        self.client = parent._client  # noqa: SLF001
+        self.conf = parent.conf
+        self.topic = topic
+        self.partition = partition
+        self.consumer_id = self.client._next_id()  # noqa: SLF001
+        self.queue_size = max(permits, 1)
+        self._threshold = max(self.queue_size // 2, 1)
+        self._taken_lock = threading.Lock()
+        self._taken = 0
+        self._conn: Connection | None = None
+        self._ready = asyncio.Event()
+        self._closed = False
+        self._epoch = 0
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._ack_inbox: deque[tuple[MessageId, bool]] = deque()
+        self._batch_unacked: dict[tuple[int, int, int], set[int]] = {}
+        self._nacks: dict[MessageId, float] = {}
+        self.end_of_topic = False
+        self.active = True
+
+    def __hash__(self) -> int:
+        return self.consumer_id
+
+    # ---------------------------------------------------------------- subscribe
+
+    async def start(self) -> None:
+        await self._subscribe()
+
+    async def _subscribe(self) -> None:
+        conf = self.conf
+        conn = await self.client._pool.connection_for(self.topic)  # noqa: SLF001
+        rid = next_request_id()
+        fields: dict[str, Any] = {
+            "topic": self.topic,
+            "subscription": conf.subscription_name,
+            "subType": int(conf.consumer_type),
+            "consumer_id": self.consumer_id,
+            "request_id": rid,
+            "initialPosition": int(conf.initial_position),
+            "durable": True,
+            "consumer_epoch": self._epoch,
+            "metadata": [pb.KeyValue(key=k, value=v) for k, v in conf.properties.items()],
+        }
+        if conf.consumer_name:
+            fields["consumer_name"] = conf.consumer_name
+        if conf.consumer_type == ConsumerType.KeyShared:
+            fields["keySharedMeta"] = pb.KeySharedMeta(
+                keySharedMode=pb.KeySharedMeta.AUTO_SPLIT,
+                allowOutOfOrderDelivery=conf.key_shared_allow_out_of_order,
+            )
+        conn.consumers[self.consumer_id] = self
+        try:
+            resp = await conn.request(command(T.SUBSCRIBE, **fields), rid)
+            check_error(resp, f"subscribe {conf.subscription_name!r}", topic=self.topic)
+        except BaseException:
+            conn.consumers.pop(self.consumer_id, None)
+            raise
+        self._conn = conn
+        with self._taken_lock:
+            self._taken = 0
+        conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
+        self._ready.set()
+
+    def on_connection_closed(self, conn: Connection, exc: BaseException) -> None:
+        if self._conn is conn:
+            self._lost(exc)
+
+    def on_broker_close(self) -> None:
+        if self._conn is not None:
+            self._conn.consumers.pop(self.consumer_id, None)
+        self._lost(ConnectError("broker closed the consumer", topic=self.topic))
+
+    def _lost(self, exc: BaseException) -> None:
+        self._conn = None
+        self._ready.clear()
+        # The broker redelivers whatever we did not ack, so drop what is queued here.
+        self.parent._queue.remove_where(lambda m: m._consumer is self)  # noqa: SLF001
+        if self._closed or (self._reconnect_task and not self._reconnect_task.done()):
+            return
+        log.info("consumer on %s disconnected (%s); resubscribing", self.topic, exc)
+        self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        backoff = Backoff(0.1, 5.0)
+        while not self._closed:
+            await asyncio.sleep(backoff.next())
+            try:
+                await self._subscribe()
+                log.info("consumer on %s resubscribed", self.topic)
+                self.flush_acks()
+                return
+            except PulsarError as exc:
+                log.debug("resubscribe to %s failed: %s", self.topic, exc)
+
+    def on_active_change(self, active: bool) -> None:
+        self.active = active
+
+    def on_end_of_topic(self) -> None:
+        self.end_of_topic = True
+
+    # ----------------------------------------------------------------- messages
+
+    def count_taken(self, n: int) -> int:
+        """Count messages handed out; returns permits to grant now (0 if below threshold)."""
+        with self._taken_lock:
+            self._taken += n
+            if self._taken >= self._threshold:
+                out, self._taken = self._taken, 0
+                return out
+        return 0
+
+    def send_flow(self, n: int) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed and n > 0:
+            try:
+                conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=n))
+            except ConnectError:
+                pass
+
+    def _skip(self, n: int) -> None:
+        granted = self.count_taken(n)
+        if granted:
+            self.send_flow(granted)
+
+    def on_message(self, cmd: pb.CommandMessage, frame: Frame) -> None:
+        meta = frame.metadata
+        if meta is None:
+            raise ProtocolError("MESSAGE command without payload", topic=self.topic)
+        batched = meta.HasField("num_messages_in_batch")
+        n = meta.num_messages_in_batch if batched else 1
+        if cmd.HasField("consumer_epoch") and cmd.consumer_epoch < self._epoch:
+            self._skip(n)  # sent before a redeliver-all; it comes again
+            return
+        mid = cmd.message_id
+        if not frame.checksum_ok:
+            log.error("checksum mismatch on %s entry %d:%d; leaving it unacked for redelivery",
+                      self.topic, mid.ledgerId, mid.entryId)
+            self._skip(n)
+            return
+        if meta.HasField("marker_type"):
+            self._skip(n)
+            return
+        try:
+            payload = decompress(meta.compression, frame.payload or b"", meta.uncompressed_size)
+            msgs = self._build(cmd, meta, payload, batched, n)
+        except ProtocolError as exc:
+            log.error("undecodable entry %d:%d on %s: %s; leaving it unacked", mid.ledgerId, mid.entryId,
+                      self.topic, exc)
+            self._skip(n)
+            return
+        skipped = n - len(msgs)
+        if skipped:
+            self._skip(skipped)
+        if msgs:
+            self.parent._queue.put_many(msgs)  # noqa: SLF001
+
+    def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,
+               n: int) -> list[Message]:
+        mid = cmd.message_id
+        topic = self.topic
+        part = self.partition
+        redeliveries = cmd.redelivery_count
+        props = {kv.key: kv.value for kv in meta.properties}
+        if not batched:
+            key = meta.partition_key if meta.HasField("partition_key") else None
+            return [
+                Message(payload, props, MessageId(mid.ledgerId, mid.entryId, part, -1, 0, topic), topic, key,
+                        meta.publish_time, meta.event_time, redeliveries, meta.producer_name,
+                        meta.sequence_id, self)
+            ]
+        out: list[Message] = []
+        ack_set = cmd.ack_set
+        base_seq = meta.sequence_id
+        for i, (smm, data) in enumerate(decode_batch(payload, n)):
+            if ack_set and _is_acked(ack_set, i):
+                continue
+            if smm.compacted_out:
+                continue
+            p = dict(props)
+            p.update({kv.key: kv.value for kv in smm.properties})
+            out.append(
+                Message(
+                    data,
+                    p,
+                    MessageId(mid.ledgerId, mid.entryId, part, i, n, topic),
+                    topic,
+                    smm.partition_key if smm.HasField("partition_key") else None,
+                    meta.publish_time,
+                    smm.event_time or meta.event_time,
+                    redeliveries,
+                    meta.producer_name,
+                    smm.sequence_id if smm.HasField("sequence_id") else base_seq + i,
+                    self,
+                )
+            )
+        return out
+
+    # --------------------------------------------------------------------- acks
+
+    def ack_local(self, mid: MessageId, cumulative: bool) -> None:
+        """Queue a non-transactional ack (thread-safe); sent within ``ack_grouping_time_ms``."""
+        if self._closed:
+            raise AlreadyClosed("consumer is closed", topic=self.topic)
+        self._ack_inbox.append((mid, cumulative))
+
+    def flush_acks(self) -> None:
+        """Send queued acks now (event-loop thread)."""
+        if not self._ack_inbox:
+            return
+        individual: list[pb.MessageIdData] = []
+        cumulative: MessageId | None = None
+        while self._ack_inbox:
+            mid, cum = self._ack_inbox.popleft()
+            self._nacks.pop(mid, None)
+            if cum:
+                cumulative = mid if cumulative is None or mid > cumulative else cumulative
+                continue
+            if mid.batch_index >= 0 and mid.batch_size > 1:
+                key = mid.entry_key
+                rest = self._batch_unacked.get(key)
+                if rest is None:
+                    rest = self._batch_unacked[key] = set(range(mid.batch_size))
+                rest.discard(mid.batch_index)
+                if rest:
+                    continue
+                del self._batch_unacked[key]
+            individual.append(pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id))
+        conn = self._conn
+        if conn is None or conn.closed:
+            return  # unacked messages are redelivered after the resubscribe
+        try:
+            if individual:
+                conn.send_command(command(T.ACK, consumer_id=self.consumer_id, ack_type=0, message_id=individual))
+            if cumulative is not None:
+                target = self._cumulative_target(cumulative)
+                if target is not None:
+                    conn.send_command(command(T.ACK, consumer_id=self.consumer_id, ack_type=1,
+                                              message_id=[target]))
+        except ConnectError:
+            pass
+
+    def _cumulative_target(self, mid: MessageId) -> pb.MessageIdData | None:
+        if mid.batch_index >= 0 and mid.batch_index < mid.batch_size - 1:
+            # Not the last message of its batch: acknowledge up to the previous entry.
+            if mid.entry_id == 0:
+                return None
+            return pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id - 1)
+        for key in [k for k in self._batch_unacked if (k[0], k[1]) <= (mid.ledger_id, mid.entry_id)]:
+            del self._batch_unacked[key]
+        return pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id)
+
+    async def ack_txn(self, mids: list[MessageId], txn: AsyncTransaction, cumulative: bool) -> None:
+        """Acknowledge inside ``txn``; waits for the broker's ack response."""
+        txn.check_open()
+        await txn.register_subscription(self.topic, self.conf.subscription_name)
+        if not self._ready.is_set():
+            try:
+                await asyncio.wait_for(self._ready.wait(), self.client._pool.operation_timeout)  # noqa: SLF001
+            except TimeoutError:
+                raise ConnectError("consumer is not connected", topic=self.topic, txn_id=txn.id) from None
+        conn = self._conn
+        if conn is None:
+            raise ConnectError("consumer is not connected", topic=self.topic, txn_id=txn.id)
+        ids = []
+        for mid in mids:
+            d = pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id)
+            if mid.batch_index >= 0 and mid.batch_size > 0:
+                if cumulative:
+                    d.ack_set.extend(_ack_set_words(mid.batch_size, [], acked_upto=mid.batch_index))
+                else:
+                    d.ack_set.extend(_ack_set_words(mid.batch_size, [mid.batch_index]))
+                d.batch_size = mid.batch_size
+            ids.append(d)
+        rid = next_request_id()
+        resp = await conn.request(
+            command(
+                T.ACK,
+                consumer_id=self.consumer_id,
+                ack_type=1 if cumulative else 0,
+                message_id=ids,
+                txnid_most_bits=txn.id.most,
+                txnid_least_bits=txn.id.least,
+                request_id=rid,
+            ),
+            rid,
+        )
+        check_error(resp, "transactional ack", topic=self.topic, txn_id=txn.id)
+        r = resp.ackResponse
+        if r.HasField("error"):
+            raise from_server_error(
+                pb.ServerError.Name(r.error), f"transactional ack failed: {r.message}", topic=self.topic,
+                txn_id=txn.id,
+            )
+        for mid in mids:
+            self._nacks.pop(mid, None)
+
+    # ---------------------------------------------------------------- redelivery
+
+    def nack(self, mid: MessageId) -> None:
+        """Ask for redelivery of ``mid`` after the negative-ack delay (event-loop thread)."""
+        self._nacks[mid] = time.monotonic() + self.conf.negative_ack_redelivery_delay_ms / 1000.0
+
+    def process_nacks(self) -> None:
+        if not self._nacks:
+            return
+        now = time.monotonic()
+        due = [m for m, t in self._nacks.items() if t <= now]
+        if not due:
+            return
+        for m in due:
+            del self._nacks[m]
+        self.redeliver(due)
+
+    def redeliver(self, mids: list[MessageId] | None) -> None:
+        """Ask the broker to send ``mids`` again (all unacked if ``None`` or not Shared)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return  # a resubscribe redelivers everything unacked anyway
+        shared = self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared)
+        try:
+            if shared and mids:
+                entries = {(m.ledger_id, m.entry_id) for m in mids}
+                conn.send_command(
+                    command(
+                        T.REDELIVER_UNACKNOWLEDGED_MESSAGES,
+                        consumer_id=self.consumer_id,
+                        message_ids=[pb.MessageIdData(ledgerId=lg, entryId=e) for lg, e in sorted(entries)],
+                    )
+                )
+                return
+            self._epoch += 1
+            removed = self.parent._queue.remove_where(lambda m: m._consumer is self)  # noqa: SLF001
+            if removed:
+                self._skip(removed)
+            conn.send_command(
+                command(T.REDELIVER_UNACKNOWLEDGED_MESSAGES, consumer_id=self.consumer_id,
+                        consumer_epoch=self._epoch)
+            )
+        except ConnectError:
+            pass
+
+    def redeliver_after_abort(self, mids: list[MessageId], cumulative: bool) -> None:
+        """Hand back messages whose transactional acks were aborted."""
+        self.redeliver(None if cumulative else mids)
+
+    # -------------------------------------------------------------------- close
+
+    async def close(self, unsubscribe: bool = False) -> None:
+        if self._closed:
+            return
+        self.flush_acks()
+        self._closed = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        conn, self._conn = self._conn, None
+        if conn is None or conn.closed:
+            if unsubscribe:
+                raise ConnectError("consumer is not connected; cannot unsubscribe", topic=self.topic)
+            return
+        rid = next_request_id()
+        if unsubscribe:
+            resp = await conn.request(command(T.UNSUBSCRIBE, consumer_id=self.consumer_id, request_id=rid), rid)
+            check_error(resp, "unsubscribe", topic=self.topic)
+            conn.consumers.pop(self.consumer_id, None)
+            return
+        conn.consumers.pop(self.consumer_id, None)
+        try:
+            await conn.request(command(T.CLOSE_CONSUMER, consumer_id=self.consumer_id, request_id=rid), rid)
+        except PulsarError:
+            pass
+
+
+class AsyncConsumer:
+    """A consumer over one or more topics (and all partitions of partitioned ones)."""
+
+    def __init__(self, client: AsyncClient, topics: list[str], conf: ConsumerConfig) -> None:
+        self._client = client
+        self._topics = topics
+        self.conf = conf
+        self._subs: list[_TopicConsumer] = []
+        self._by_topic: dict[str, _TopicConsumer] = {}
+        self._queue = ReceiveQueue(asyncio.get_running_loop(), lambda sub, n: sub.send_flow(n))
+        self._closed = False
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def _start(self) -> None:
+        counts = await asyncio.gather(*(self._client._pool.partitions(t) for t in self._topics))  # noqa: SLF001
+        total_parts = sum(max(c, 1) for c in counts)
+        per = self.conf.receiver_queue_size
+        if total_parts > 1:
+            per = max(1, min(per, self.conf.max_total_receiver_queue_size_across_partitions // total_parts))
+        for t, n in zip(self._topics, counts, strict=True):
+            names = [(t, -1)] if n == 0 else [(f"{t}-partition-{i}", i) for i in range(n)]
+            for name, idx in names:
+                sub = _TopicConsumer(self, name, idx, per)
+                self._subs.append(sub)
+                self._by_topic[name] = sub
+        try:
+            await asyncio.gather(*(s.start() for s in self._subs))
+        except BaseException:
+            await asyncio.gather(*(s.close() for s in self._subs), return_exceptions=True)
+            raise
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        interval = max(self.conf.ack_grouping_time_ms, 10) / 1000.0
+        while not self._closed:
+            await asyncio.sleep(interval)
+            for s in self._subs:
+                s.flush_acks()
+                s.process_nacks()
+
+    # -------------------------------------------------------------------- API
+
+    def topic(self) -> str:
+        """The subscribed topic (the first one for multi-topic consumers)."""
+        return self._topics[0]
+
+    def subscription_name(self) -> str:
+        """The subscription's name."""
+        return self.conf.subscription_name
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("consumer is closed", topic=self._topics[0])
+
+    async def receive(self, timeout_millis: int | None = None) -> Message:
+        """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
+        self._check()
+        return await self._queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
+
+    def _sub_for(self, message_or_id: Message | MessageId) -> tuple[_TopicConsumer, MessageId]:
+        if isinstance(message_or_id, Message):
+            mid = message_or_id.message_id()
+            sub = message_or_id._consumer  # noqa: SLF001
+            if sub is not None and sub.parent is self:
+                return sub, mid
+        elif isinstance(message_or_id, MessageId):
+            mid = message_or_id
+        else:
+            raise TypeError(f"expected a Message or MessageId, got {type(message_or_id).__name__}")
+        sub = self._by_topic.get(mid.topic) if mid.topic else (self._subs[0] if len(self._subs) == 1 else None)
+        if sub is None:
+            raise ValueError(f"message id {mid} does not belong to this consumer's topics")
+        return sub, mid
+
+    def acknowledge_nowait(self, message_or_id: Message | MessageId, cumulative: bool = False) -> None:
+        """Non-transactional ack, queued and grouped; thread-safe."""
+        self._check()
+        sub, mid = self._sub_for(message_or_id)
+        if cumulative and self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
+        sub.ack_local(mid, cumulative)
+
+    async def acknowledge(self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None) -> None:
+        """Acknowledge one message, inside ``txn`` if given (then it waits for the broker)."""
+        self._check()
+        if txn is None:
+            self.acknowledge_nowait(message_or_id)
+            return
+        sub, mid = self._sub_for(message_or_id)
+        await self._txn_ack(sub, [mid], txn, False)
+
+    async def acknowledge_cumulative(
+        self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None
+    ) -> None:
+        """Acknowledge everything up to and including this message (Exclusive/Failover only)."""
+        self._check()
+        if txn is None:
+            self.acknowledge_nowait(message_or_id, cumulative=True)
+            return
+        if self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
+        sub, mid = self._sub_for(message_or_id)
+        await self._txn_ack(sub, [mid], txn, True)
+
+    async def _txn_ack(self, sub: _TopicConsumer, mids: list[MessageId], txn: AsyncTransaction,
+                       cumulative: bool) -> None:
+        fut = asyncio.ensure_future(sub.ack_txn(mids, txn, cumulative))
+        txn.add_op(fut)
+        txn.record_ack(sub, mids, cumulative)
+        await fut
+
+    def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
+        """Redeliver this message after ``negative_ack_redelivery_delay_ms``."""
+        self._check()
+        sub, mid = self._sub_for(message_or_id)
+        sub.nack(mid)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Ask the broker to redeliver every unacknowledged message now."""
+        self._check()
+        for s in self._subs:
+            s.redeliver(None)
+
+    def is_connected(self) -> bool:
+        """True when every topic/partition has a live subscription."""
+        return all(s._ready.is_set() for s in self._subs)  # noqa: SLF001
+
+    async def close(self) -> None:
+        """Flush acks and close. Further calls raise :class:`AlreadyClosed`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._queue.close()
+        await asyncio.gather(*(s.close() for s in self._subs), return_exceptions=True)
+        self._client._forget(self)  # noqa: SLF001
+
+    async def unsubscribe(self) -> None:
+        """Delete the subscription on the broker and close."""
+        self._check()
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._queue.close()
+        await asyncio.gather(*(s.close(unsubscribe=True) for s in self._subs))
+        self._client._forget(self)  # noqa: SLF001

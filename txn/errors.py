@@ -1,0 +1,233 @@
+"""Typed exceptions raised by ``txn``.
+
+Every exception carries what it is about: the topic, the transaction id and the
+broker's own error code and message, where they apply. Nothing is swallowed.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+
+class Result(Enum):
+    """Outcome passed to ``send_async`` callbacks, named like ``pulsar.Result``."""
+
+    Ok = 0
+    UnknownError = 1
+    Timeout = 2
+    ConnectError = 3
+    AuthenticationError = 4
+    TopicNotFound = 5
+    ProducerQueueIsFull = 6
+    ProducerFenced = 7
+    AlreadyClosed = 8
+    MessageTooBig = 9
+    InvalidTopicName = 10
+    TransactionConflict = 11
+    TransactionNotFound = 12
+    InvalidTxnStatus = 13
+    CoordinatorNotFound = 14
+    BrokerError = 15
+
+
+class PulsarError(Exception):
+    """Base of every error raised by ``txn``.
+
+    Attributes: ``topic``, ``txn_id`` (a :class:`~txn.TxnID` or ``None``),
+    ``server_error`` (the broker's error name, if the broker sent one).
+    """
+
+    result: Result = Result.UnknownError
+    retriable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str | None = None,
+        txn_id: Any = None,
+        server_error: str | None = None,
+    ) -> None:
+        self.message = message
+        self.topic = topic
+        self.txn_id = txn_id
+        self.server_error = server_error
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts = [self.message]
+        if self.topic:
+            parts.append(f"topic={self.topic}")
+        if self.txn_id is not None:
+            parts.append(f"txn={self.txn_id}")
+        if self.server_error:
+            parts.append(f"broker_error={self.server_error}")
+        return " | ".join(parts)
+
+
+class Timeout(PulsarError):
+    """An operation did not complete within its time limit."""
+
+    result = Result.Timeout
+
+
+class ConnectError(PulsarError):
+    """The broker could not be reached or the connection dropped."""
+
+    result = Result.ConnectError
+    retriable = True
+
+
+class AuthenticationError(PulsarError):
+    """The broker rejected our credentials."""
+
+    result = Result.AuthenticationError
+
+
+class AuthorizationError(PulsarError):
+    """The broker refused the operation for our role."""
+
+    result = Result.AuthenticationError
+
+
+class ProtocolError(PulsarError):
+    """A frame or command from the peer was malformed; the connection is closed."""
+
+
+class AlreadyClosed(PulsarError):
+    """The client, producer or consumer was closed."""
+
+    result = Result.AlreadyClosed
+
+
+class InvalidTopicName(PulsarError, ValueError):
+    """The topic name is not a valid Pulsar topic name."""
+
+    result = Result.InvalidTopicName
+
+
+class TopicNotFound(PulsarError):
+    """The topic does not exist and could not be created."""
+
+    result = Result.TopicNotFound
+
+
+class MessageTooBig(PulsarError, ValueError):
+    """The message is larger than the broker's ``maxMessageSize``."""
+
+    result = Result.MessageTooBig
+
+
+class ProducerQueueIsFull(PulsarError):
+    """The producer's pending window is full and ``block_if_queue_full`` is off."""
+
+    result = Result.ProducerQueueIsFull
+
+
+class ProducerFenced(PulsarError):
+    """Another producer took exclusive access to the topic."""
+
+    result = Result.ProducerFenced
+
+
+class ProducerBusy(PulsarError):
+    """A producer with the same name is already connected."""
+
+    retriable = True
+
+
+class ConsumerBusy(PulsarError):
+    """The subscription does not admit another consumer (e.g. Exclusive)."""
+
+
+class SubscriptionNotFound(PulsarError):
+    """The subscription does not exist."""
+
+
+class ServiceNotReady(PulsarError):
+    """The broker is not ready for the topic yet (retriable after a new lookup)."""
+
+    retriable = True
+
+
+class TooManyRequests(PulsarError):
+    """The broker throttled us (retriable)."""
+
+    retriable = True
+
+
+class BrokerError(PulsarError):
+    """Any other error the broker reported."""
+
+    result = Result.BrokerError
+
+
+# --------------------------------------------------------------------- transactions
+
+
+class TransactionError(PulsarError):
+    """Base of transaction errors."""
+
+
+class TransactionConflict(TransactionError):
+    """Another transaction already holds an ack on the same message."""
+
+    result = Result.TransactionConflict
+
+
+class TransactionNotFound(TransactionError):
+    """The coordinator does not know the transaction (ended, timed out or never existed)."""
+
+    result = Result.TransactionNotFound
+
+
+class TransactionTimedOut(TransactionNotFound):
+    """The transaction outlived its timeout and the broker aborted it."""
+
+
+class InvalidTxnStatus(TransactionError):
+    """The transaction is in a state that does not allow the operation."""
+
+    result = Result.InvalidTxnStatus
+
+
+class CoordinatorNotFound(TransactionError):
+    """No transaction coordinator is available (are transactions enabled on the broker?)."""
+
+    result = Result.CoordinatorNotFound
+    retriable = True
+
+
+class NotAllowed(PulsarError):
+    """The broker does not allow the operation."""
+
+
+_BY_SERVER_ERROR: dict[str, type[PulsarError]] = {
+    "AuthenticationError": AuthenticationError,
+    "AuthorizationError": AuthorizationError,
+    "ConsumerBusy": ConsumerBusy,
+    "ServiceNotReady": ServiceNotReady,
+    "TopicNotFound": TopicNotFound,
+    "SubscriptionNotFound": SubscriptionNotFound,
+    "TooManyRequests": TooManyRequests,
+    "ProducerBusy": ProducerBusy,
+    "InvalidTopicName": InvalidTopicName,
+    "TransactionCoordinatorNotFound": CoordinatorNotFound,
+    "InvalidTxnStatus": InvalidTxnStatus,
+    "NotAllowedError": NotAllowed,
+    "TransactionConflict": TransactionConflict,
+    "TransactionNotFound": TransactionNotFound,
+    "ProducerFenced": ProducerFenced,
+}
+
+
+def from_server_error(
+    server_error: str, message: str, *, topic: str | None = None, txn_id: Any = None
+) -> PulsarError:
+    """Map a broker ``ServerError`` name to the matching typed exception."""
+    cls = _BY_SERVER_ERROR.get(server_error, BrokerError)
+    text = message or server_error
+    # The broker reports "transaction not found" for conflicts in some paths and
+    # vice versa; trust the code, but surface the message verbatim.
+    return cls(text, topic=topic, txn_id=txn_id, server_error=server_error)

@@ -1,0 +1,754 @@
+"""Fetch, configure, start, health-check and stop a real Pulsar standalone broker.
+
+Stdlib only. The broker runs as a detached process bound to 127.0.0.1, with all
+of its state (metadata, bookie data, logs, generated config, pid file) under one
+data directory, so that another process (e.g. ``pulsar-txn broker stop``) can
+find and manage it later.
+
+A freshly started standalone broker does not load its transaction coordinators
+(TCs) until a client sends ``TC_CLIENT_CONNECT_REQUEST`` for each TC to the broker
+owning ``transaction_coordinator_assign-partition-<tc>``; until then ``NEW_TXN``
+fails with ``TransactionCoordinatorNotFound``. :meth:`LocalBroker.start` does the
+lookup + ``TC_CLIENT_CONNECT_REQUEST`` itself for every TC, so a client can open
+transactions as soon as ``start()`` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONFIG_OVERRIDES",
+    "PULSAR_VERSION",
+    "AdminError",
+    "BrokerError",
+    "LocalBroker",
+    "admin_request",
+    "cache_dir",
+    "create_namespace",
+    "create_partitioned_topic",
+    "enable_namespace_dedup",
+    "ensure_distribution",
+    "free_port",
+    "probe_transaction_coordinator",
+    "render_config",
+]
+
+VERSION_FILE = Path(__file__).resolve().parent.parent / "deploy/pulsar/VERSION"
+PULSAR_VERSION: str = VERSION_FILE.read_text().strip()
+
+HOST = "127.0.0.1"
+DEFAULT_BROKER_PORT = 6650
+DEFAULT_WEB_PORT = 8080
+DEFAULT_BOOKIE_PORT = 3181
+CLUSTER = "standalone"
+TC_ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
+
+#: Keys overridden in the distribution's conf/standalone.conf (ports, bind
+#: addresses and directories are added per instance by LocalBroker).
+CONFIG_OVERRIDES: dict[str, str] = {
+    # Loopback only; advertise the same address so lookups return 127.0.0.1.
+    "bindAddress": HOST,
+    "advertisedAddress": HOST,
+    # Transactions: coordinator + transaction buffer (needs system topics).
+    "transactionCoordinatorEnabled": "true",
+    "systemTopicEnabled": "true",
+    "topicLevelPoliciesEnabled": "true",
+    # Needed for batch-index acks inside transactions.
+    "acknowledgmentAtBatchIndexLevelEnabled": "true",
+    # Dedup is off broker-wide; tests enable it per namespace via the admin API.
+    "brokerDeduplicationEnabled": "false",
+    # Tests must not see idle topics vanish after 60 s.
+    "brokerDeleteInactiveTopicsEnabled": "false",
+    # Not needed; saves threads.
+    "webSocketServiceEnabled": "false",
+    # The bookie reads this same file. Without allowEphemeralPorts=true it
+    # ignores --bookkeeper-port and picks an arbitrary port; the bookie id is
+    # host:port, so it must stay stable for data to survive restarts.
+    "allowEphemeralPorts": "true",
+    # Keep the bookie's direct-memory caches small (default 25% of direct mem).
+    "dbStorage_writeCacheMaxSizeMb": "64",
+    "dbStorage_readAheadCacheMaxSizeMb": "64",
+}
+
+JVM_MEM = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=1g"
+# The distribution default adds -XX:+AlwaysPreTouch (slow start) and ZGC.
+JVM_GC = "-XX:+UseG1GC -XX:+PerfDisableSharedMem"
+
+Progress = Callable[[str], None]
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be fetched, started, probed or stopped."""
+
+
+class AdminError(RuntimeError):
+    """An admin REST call returned an unexpected status."""
+
+    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {str(body)[:500]}")
+        self.status = status
+        self.body = body
+
+
+# --------------------------------------------------------------------------
+# Distribution
+
+
+def cache_dir() -> Path:
+    """``$PULSAR_TXN_CACHE`` or ``~/.cache/pulsar-txn``."""
+    return Path(os.environ.get("PULSAR_TXN_CACHE") or "~/.cache/pulsar-txn").expanduser()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_distribution(progress: Progress = print, version: str = PULSAR_VERSION) -> Path:
+    """Return the unpacked distribution dir, fetching it from Maven Central if needed."""
+    cache = cache_dir()
+    home = cache / f"apache-pulsar-{version}"
+    marker = home / ".unpacked"
+    if marker.exists():
+        return home
+    with _file_lock(cache / ".lock"):
+        if marker.exists():
+            return home
+        tarball = cache / "dl" / f"pulsar-server-distribution-{version}-bin.tar.gz"
+        if not tarball.exists():
+            mvn = shutil.which("mvn")
+            if mvn is None:
+                raise BrokerError("maven (mvn) is needed to fetch the Pulsar distribution")
+            artifact = f"org.apache.pulsar:pulsar-server-distribution:{version}:tar.gz:bin"
+            progress(f"fetching Pulsar {version} from Maven Central (~245 MB)...")
+            t0 = time.monotonic()
+            res = subprocess.run(
+                [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={artifact}",
+                 f"-DoutputDirectory={tarball.parent}"],
+                capture_output=True, text=True,
+            )
+            if res.returncode != 0 or not tarball.exists():
+                raise BrokerError(f"maven fetch of {artifact} failed:\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+            progress(f"fetched {tarball.name} in {time.monotonic() - t0:.0f}s")
+        progress(f"unpacking {tarball.name} into {cache}...")
+        t0 = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache))
+        try:
+            with tarfile.open(tarball) as tf:
+                if hasattr(tarfile, "data_filter"):
+                    tf.extractall(tmp, filter="data")
+                else:  # pragma: no cover - Python < 3.11.4
+                    tf.extractall(tmp)
+            unpacked = tmp / f"apache-pulsar-{version}"
+            if not (unpacked / "bin" / "pulsar").exists():
+                raise BrokerError(f"{tarball} does not contain apache-pulsar-{version}/bin/pulsar")
+            if home.exists():
+                shutil.rmtree(home)
+            unpacked.rename(home)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        marker.write_text(f"{version}\n")
+        progress(f"unpacked in {time.monotonic() - t0:.0f}s: {home}")
+    return home
+
+
+def render_config(template: str, overrides: Mapping[str, str]) -> str:
+    """Set ``key=value`` for each override, replacing existing lines or appending."""
+    lines = template.splitlines()
+    index = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*=", line)
+        if m:
+            index.setdefault(m.group(1), []).append(i)
+    appended = []
+    for key, value in overrides.items():
+        where = index.get(key)
+        if where:
+            lines[where[0]] = f"{key}={value}"
+            for i in where[1:]:
+                lines[i] = f"# (overridden above) {lines[i]}"
+        else:
+            appended.append(f"{key}={value}")
+    if appended:
+        lines += ["", "# --- added by txn.localbroker ---", *appended]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# Admin REST helpers
+
+
+def admin_request(
+    method: str, admin_url: str, path: str, body: Any = None, timeout: float = 10.0
+) -> tuple[int, Any]:
+    """Call the admin REST API; return ``(status, parsed JSON or text)``.
+
+    HTTP error statuses are returned, not raised; connection failures raise OSError.
+    """
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(admin_url.rstrip("/") + path, data=data, method=method)
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    text = raw.decode("utf-8", "replace")
+    if not text:
+        return status, None
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def _expect(status_body: tuple[int, Any], method: str, path: str, ok: tuple[int, ...] = (200, 204)) -> Any:
+    status, body = status_body
+    if status not in ok:
+        raise AdminError(method, path, status, body)
+    return body
+
+
+def _topic_path(topic: str) -> str:
+    """``persistent://t/ns/name`` -> ``persistent/t/ns/name`` (URL-quoted name)."""
+    m = re.fullmatch(r"(persistent|non-persistent)://([^/]+)/([^/]+)/(.+)", topic)
+    if not m:
+        raise ValueError(f"expected a fully qualified topic name, got {topic!r}")
+    domain, tenant, ns, name = m.groups()
+    return f"{domain}/{tenant}/{ns}/{urllib.parse.quote(name, safe='')}"
+
+
+def create_namespace(admin_url: str, namespace: str) -> None:
+    """Create ``tenant/namespace`` (HTTP 409 if it already exists raises AdminError)."""
+    path = f"/admin/v2/namespaces/{namespace}"
+    _expect(admin_request("PUT", admin_url, path, {}), "PUT", path)
+
+
+def enable_namespace_dedup(admin_url: str, namespace: str) -> None:
+    """Enable broker-side message deduplication for every topic in ``namespace``."""
+    path = f"/admin/v2/namespaces/{namespace}/deduplication"
+    _expect(admin_request("POST", admin_url, path, True), "POST", path)
+
+
+def create_partitioned_topic(admin_url: str, topic: str, n: int) -> None:
+    """Create a partitioned topic with ``n`` partitions (AdminError if it exists)."""
+    path = f"/admin/v2/{_topic_path(topic)}/partitions"
+    _expect(admin_request("PUT", admin_url, path, n), "PUT", path)
+
+
+# --------------------------------------------------------------------------
+# Minimal binary-protocol probe: CONNECT + TC_CLIENT_CONNECT_REQUEST
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _pb_int(num: int, v: int) -> bytes:
+    return _varint(num << 3) + _varint(v)
+
+
+def _pb_bytes(num: int, b: bytes) -> bytes:
+    return _varint((num << 3) | 2) + _varint(len(b)) + b
+
+
+def _pb_parse(b: bytes) -> dict[int, Any]:
+    out: dict[int, Any] = {}
+    i = 0
+    while i < len(b):
+        key, i = _read_varint(b, i)
+        wire = key & 7
+        if wire == 0:
+            v, i = _read_varint(b, i)
+        elif wire == 2:
+            n, i = _read_varint(b, i)
+            v, i = b[i:i + n], i + n
+        elif wire == 1:
+            v, i = b[i:i + 8], i + 8
+        elif wire == 5:
+            v, i = b[i:i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        out[key >> 3] = v
+    return out
+
+
+def _read_varint(b: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        x = b[i]
+        i += 1
+        result |= (x & 0x7F) << shift
+        shift += 7
+        if not x & 0x80:
+            return result, i
+
+
+def _send_cmd(sock: socket.socket, cmd_type: int, field: int, payload: bytes) -> None:
+    cmd = _pb_int(1, cmd_type) + _pb_bytes(field, payload)
+    sock.sendall(struct.pack(">II", len(cmd) + 4, len(cmd)) + cmd)
+
+
+def _recv_cmd(sock: socket.socket) -> dict[int, Any]:
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            buf += chunk
+        return buf
+
+    total, size = struct.unpack(">II", exact(8))
+    return _pb_parse(exact(total - 4)[:size])
+
+
+_CONNECT, _CONNECTED, _PING, _PONG = 2, 3, 18, 19
+_TC_CONNECT_REQ, _TC_CONNECT_RESP = 62, 63
+
+
+def probe_transaction_coordinator(host: str, port: int, tc_id: int, timeout: float = 30.0) -> None:
+    """Send TC_CLIENT_CONNECT_REQUEST for ``tc_id``; raise BrokerError unless it succeeds.
+
+    This is what makes the broker load (recover) that coordinator. The broker
+    answers ServiceNotReady unless it owns the TC's assign partition, so do a
+    lookup first.
+    """
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        _send_cmd(sock, _CONNECT, 2, _pb_bytes(1, b"txn-localbroker") + _pb_int(4, 21))
+        reply = _recv_cmd(sock)
+        if reply.get(1) != _CONNECTED:
+            raise BrokerError(f"CONNECT rejected by {host}:{port}: {reply}")
+        _send_cmd(sock, _TC_CONNECT_REQ, _TC_CONNECT_REQ, _pb_int(1, 1) + _pb_int(2, tc_id))
+        while True:
+            reply = _recv_cmd(sock)
+            if reply.get(1) == _PING:
+                _send_cmd(sock, _PONG, _PONG, b"")
+            elif reply.get(1) == _TC_CONNECT_RESP:
+                resp = _pb_parse(reply[_TC_CONNECT_RESP])
+                if 2 in resp:
+                    msg = bytes(resp.get(3, b"")).decode("utf-8", "replace")
+                    raise BrokerError(f"TC {tc_id} not ready (server error {resp[2]}): {msg}")
+                return
+
+
+# --------------------------------------------------------------------------
+# Process helpers
+
+
+def free_port() -> int:
+    """An ephemeral TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _loopback_interface() -> str | None:
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _port_open(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _tail(path: Path, start: int = 0, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            f.seek(max(start, end - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class LocalBroker:
+    """A Pulsar standalone broker process on 127.0.0.1 with state in ``data_dir``.
+
+    Ports not given explicitly are taken from the data dir's saved state (so a
+    later ``LocalBroker(data_dir)`` in another process finds a running broker
+    and restarts reuse the same ports), else the Pulsar defaults.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        broker_port: int | None = None,
+        web_port: int | None = None,
+        bookie_port: int | None = None,
+        transaction_coordinators: int | None = None,
+        pulsar_home: str | os.PathLike[str] | None = None,
+        progress: Progress = print,
+    ) -> None:
+        self.data_dir = Path(data_dir) if data_dir else cache_dir() / "standalone-data"
+        self.data_dir = self.data_dir.expanduser().resolve()
+        saved = self._load_state()
+        self.broker_port: int = broker_port or saved.get("broker_port") or DEFAULT_BROKER_PORT
+        self.web_port: int = web_port or saved.get("web_port") or DEFAULT_WEB_PORT
+        self.bookie_port: int = bookie_port or saved.get("bookie_port") or DEFAULT_BOOKIE_PORT
+        self.transaction_coordinators: int = (
+            transaction_coordinators or saved.get("transaction_coordinators") or 1
+        )
+        old_bk = saved.get("bookie_port")
+        if old_bk and old_bk != self.bookie_port and (self.data_dir / "bookkeeper").exists():
+            raise BrokerError(
+                f"{self.data_dir} holds bookie data for port {old_bk}; the bookie id is "
+                f"host:port, so it cannot be reused with bookie_port={self.bookie_port}"
+            )
+        self._pulsar_home = Path(pulsar_home) if pulsar_home else None
+        self.progress = progress
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._exit_code: int | None = None
+        self._log_offset = 0
+
+    # -- paths / urls -------------------------------------------------------
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{HOST}:{self.broker_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{HOST}:{self.web_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "logs" / "broker.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def conf_file(self) -> Path:
+        return self.data_dir / "conf" / "standalone.conf"
+
+    @property
+    def _state_file(self) -> Path:
+        return self.data_dir / "broker.json"
+
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self._state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # -- process tracking ---------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the running broker process, or None."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                return self._proc.pid
+            self._exit_code = self._proc.returncode
+            self._proc = None
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if self._is_our_process(pid) else None
+
+    def _is_our_process(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            return b"PulsarStandaloneStarter" in cmdline and str(self.conf_file).encode() in cmdline
+        except FileNotFoundError:
+            return False
+        except OSError:  # no /proc: fall back to "a process with that pid exists"
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+
+    def is_running(self) -> bool:
+        return self.pid is not None
+
+    # -- config -------------------------------------------------------------
+
+    def _write_config(self, home: Path) -> None:
+        template = (home / "conf" / "standalone.conf").read_text()
+        overrides = dict(CONFIG_OVERRIDES)
+        overrides.update(
+            brokerServicePort=str(self.broker_port),
+            webServicePort=str(self.web_port),
+            narExtractionDirectory=str(self.data_dir / "nar"),
+        )
+        lo = _loopback_interface()
+        if lo:  # make the bookie bind to 127.0.0.1 (advertisedAddress) instead of 0.0.0.0
+            overrides["listeningInterface"] = lo
+        self.conf_file.parent.mkdir(parents=True, exist_ok=True)
+        self.conf_file.write_text(render_config(template, overrides))
+
+    def _save_state(self, pid: int | None) -> None:
+        state = {
+            "version": PULSAR_VERSION,
+            "broker_port": self.broker_port,
+            "web_port": self.web_port,
+            "bookie_port": self.bookie_port,
+            "transaction_coordinators": self.transaction_coordinators,
+            "pid": pid,
+        }
+        self._state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self, timeout: float = 180) -> bool:
+        """Start the broker and wait until it is healthy with its TCs loaded.
+
+        Returns False (after waiting for health) if this data dir's broker was
+        already running, True if a new process was started. Raises BrokerError
+        if a port is taken, the process dies, or it is not ready in time.
+        """
+        home = self._pulsar_home or ensure_distribution(self.progress)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.data_dir / ".lock"):
+            pid = self.pid
+            if pid is not None:
+                self.progress(f"broker already running (pid {pid}) at {self.service_url}")
+                started = False
+            else:
+                busy = [p for p in (self.broker_port, self.web_port, self.bookie_port) if not _port_free(p)]
+                if busy:
+                    raise BrokerError(f"port(s) {busy} on {HOST} already in use; is another broker running?")
+                if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+                    raise BrokerError("java not found on PATH and JAVA_HOME is not set")
+                self._spawn(home)
+                started = True
+        self.wait_ready(timeout)
+        return started
+
+    def _spawn(self, home: Path) -> None:
+        self._write_config(home)
+        self._exit_code = None
+        logs = self.log_file.parent
+        logs.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(
+            PULSAR_MEM=JVM_MEM,
+            PULSAR_GC=JVM_GC,
+            PULSAR_GC_LOG=f"-Xlog:gc:file={logs / 'gc.log'}:time,uptime:filecount=2,filesize=10M",
+            PULSAR_LOG_DIR=str(logs),
+            PULSAR_STANDALONE_CONF=str(self.conf_file),
+        )
+        cmd = [
+            str(home / "bin" / "pulsar"), "standalone",
+            "--no-functions-worker", "--no-stream-storage",
+            "-c", str(self.conf_file),
+            "--metadata-dir", str(self.data_dir / "metadata"),
+            "--bookkeeper-dir", str(self.data_dir / "bookkeeper"),
+            "--bookkeeper-port", str(self.bookie_port),
+        ]
+        with open(self.log_file, "ab") as log:
+            stamp = datetime.datetime.now().isoformat(timespec="seconds")
+            log.write(f"\n===== txn.localbroker: starting Pulsar {PULSAR_VERSION} at {stamp} =====\n".encode())
+            log.flush()
+            self._log_offset = log.tell()
+            self._proc = subprocess.Popen(
+                cmd, cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._save_state(self._proc.pid)
+        self.progress(f"started Pulsar {PULSAR_VERSION} standalone (pid {self._proc.pid}), log: {self.log_file}")
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        """Wait until :meth:`is_healthy` after loading every TC; BrokerError on death/timeout."""
+        t0 = time.monotonic()
+        next_report = t0 + 10
+        reason = "not checked yet"
+        while True:
+            if self.pid is None:
+                code = self._exit_code
+                raise BrokerError(
+                    f"broker process exited (code {code}) during start; last log lines of {self.log_file}:\n"
+                    + _tail(self.log_file, self._log_offset)
+                )
+            reason = self._check(warm=True)
+            if reason is None:
+                self.progress(f"broker ready at {self.service_url} after {time.monotonic() - t0:.1f}s")
+                return
+            now = time.monotonic()
+            if now - t0 > timeout:
+                tail = _tail(self.log_file, self._log_offset)
+                raise BrokerError(f"broker not ready after {timeout:.0f}s ({reason}); log tail:\n{tail}")
+            if now >= next_report:
+                self.progress(f"waiting for broker... ({now - t0:.0f}s elapsed: {reason})")
+                next_report = now + 10
+            time.sleep(0.5)
+
+    def _check(self, warm: bool) -> str | None:
+        """None if healthy, else why not. ``warm`` loads TCs and sets the TC count."""
+        try:
+            status, body = admin_request("GET", self.admin_url, "/admin/v2/clusters", timeout=5)
+            if status != 200 or CLUSTER not in (body or []):
+                return f"admin API: GET /admin/v2/clusters -> {status}"
+            if not _port_open(self.broker_port):
+                return f"binary port {self.broker_port} not accepting connections"
+            tc_path = f"/admin/v2/{_topic_path(TC_ASSIGN_TOPIC)}/partitions"
+            status, body = admin_request("GET", self.admin_url, tc_path, timeout=5)
+            n = body.get("partitions", 0) if status == 200 and isinstance(body, dict) else 0
+            if n <= 0:
+                return "transaction coordinator assign topic not created yet"
+            if warm and n < self.transaction_coordinators:
+                # Updating answers 409 (the broker refuses to create the assign
+                # partitions as topics) but the new count is stored; re-read it.
+                admin_request("POST", self.admin_url, tc_path, self.transaction_coordinators)
+                return f"raising transaction coordinators {n} -> {self.transaction_coordinators}"
+            status, stats = admin_request("GET", self.admin_url, "/admin/v3/transactions/coordinatorStats")
+            ready = status == 200 and isinstance(stats, dict) and len(stats) == n and all(
+                s.get("state") == "Ready" for s in stats.values())
+            if ready:
+                return None
+            if not warm:
+                return "transaction coordinators not loaded"
+            for tc in range(n):
+                topic = f"{_topic_path(TC_ASSIGN_TOPIC)}-partition-{tc}"
+                status, body = admin_request("GET", self.admin_url, f"/lookup/v2/topic/{topic}")
+                if status != 200:
+                    return f"lookup of TC {tc} assign partition -> {status}"
+                probe_transaction_coordinator(HOST, self.broker_port, tc)
+            return "transaction coordinators loading"
+        except (OSError, BrokerError, ValueError) as e:
+            return f"{type(e).__name__}: {e}"
+
+    def is_healthy(self) -> bool:
+        """Admin API answers, binary port accepts connections, all TCs are Ready."""
+        return self.is_running() and self._check(warm=False) is None
+
+    def status(self) -> dict[str, Any]:
+        """Running/health summary (pid, urls, ports, data dir, log file)."""
+        pid = self.pid
+        detail = self._check(warm=False) if pid is not None else "not running"
+        return {
+            "running": pid is not None,
+            "pid": pid,
+            "healthy": detail is None,
+            "detail": detail or "ok",
+            "version": PULSAR_VERSION,
+            "service_url": self.service_url,
+            "admin_url": self.admin_url,
+            "broker_port": self.broker_port,
+            "web_port": self.web_port,
+            "bookie_port": self.bookie_port,
+            "transaction_coordinators": self.transaction_coordinators,
+            "data_dir": str(self.data_dir),
+            "log_file": str(self.log_file),
+        }
+
+    def stop(self, timeout: float = 60) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout``. Data is kept. False if not running."""
+        pid = self.pid
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        self.progress(f"stopping broker (pid {pid})...")
+        t0 = time.monotonic()
+        self._signal(pid, signal.SIGTERM)
+        if not self._wait_exit(pid, timeout):
+            self.progress(f"broker did not exit within {timeout:.0f}s; killing it")
+            self._signal(pid, signal.SIGKILL)
+            if not self._wait_exit(pid, 30):
+                raise BrokerError(f"broker pid {pid} survived SIGKILL")
+        self.pid_file.unlink(missing_ok=True)
+        self._save_state(None)
+        self.progress(f"broker stopped in {time.monotonic() - t0:.1f}s")
+        return True
+
+    def kill(self) -> bool:
+        """SIGKILL the broker (no graceful shutdown). False if not running."""
+        pid = self.pid
+        if pid is None:
+            return False
+        self._signal(pid, signal.SIGKILL)
+        if not self._wait_exit(pid, 30):
+            raise BrokerError(f"broker pid {pid} survived SIGKILL")
+        self.pid_file.unlink(missing_ok=True)
+        self._save_state(None)
+        return True
+
+    @staticmethod
+    def _signal(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(pid) == pid:  # started with its own session/group
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.pid == pid:
+                try:
+                    self._proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    continue
+                self._proc = None
+                return True
+            if not self._is_our_process(pid):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def __repr__(self) -> str:
+        return f"LocalBroker({str(self.data_dir)!r}, service_url={self.service_url!r}, pid={self.pid})"

@@ -1,0 +1,212 @@
+"""Message ids, transaction ids and received messages."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import total_ordering
+from typing import TYPE_CHECKING
+
+from .protocol import pb
+
+if TYPE_CHECKING:
+    from .consumer import _TopicConsumer
+
+
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class MessageId:
+    """Position of a message: ledger, entry, partition and index inside a batch."""
+
+    ledger_id: int
+    entry_id: int
+    partition: int = -1
+    batch_index: int = -1
+    batch_size: int = 0
+    topic: str = field(default="", compare=False, repr=False)
+
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.ledger_id, self.entry_id, self.partition, self.batch_index)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, MessageId):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MessageId):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __str__(self) -> str:
+        return f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"
+
+    def to_pb(self) -> pb.MessageIdData:
+        """Wire form (without ack set)."""
+        d = pb.MessageIdData(ledgerId=self.ledger_id, entryId=self.entry_id)
+        if self.partition >= 0:
+            d.partition = self.partition
+        if self.batch_index >= 0:
+            d.batch_index = self.batch_index
+        return d
+
+    def serialize(self) -> bytes:
+        """Bytes form, readable back with :meth:`deserialize`."""
+        d = self.to_pb()
+        if self.batch_size:
+            d.batch_size = self.batch_size
+        return d.SerializeToString()
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> MessageId:
+        """Inverse of :meth:`serialize`."""
+        d = pb.MessageIdData()
+        d.ParseFromString(data)
+        return cls.from_pb(d)
+
+    @classmethod
+    def from_pb(cls, d: pb.MessageIdData, partition: int | None = None, topic: str = "") -> MessageId:
+        """Build from wire form, optionally overriding the partition."""
+        return cls(
+            d.ledgerId,
+            d.entryId,
+            d.partition if partition is None else partition,
+            d.batch_index if d.HasField("batch_index") else -1,
+            d.batch_size if d.HasField("batch_size") else 0,
+            topic,
+        )
+
+    @property
+    def entry_key(self) -> tuple[int, int, int]:
+        """(ledger, entry, partition): identifies the stored entry (the whole batch)."""
+        return (self.ledger_id, self.entry_id, self.partition)
+
+
+#: The earliest and latest positions, for ``seek`` and readers.
+EARLIEST = MessageId(-1 & 0xFFFFFFFFFFFFFFFF, -1 & 0xFFFFFFFFFFFFFFFF)
+LATEST = MessageId(0x7FFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF)
+
+_TXN_RE = re.compile(r"^\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class TxnID:
+    """A transaction id: ``most`` is the coordinator id, ``least`` the sequence in it.
+
+    ``str(txn_id)`` gives ``(most,least)`` and :meth:`parse` reads it back.
+    """
+
+    most: int
+    least: int
+
+    def __str__(self) -> str:
+        return f"({self.most},{self.least})"
+
+    @classmethod
+    def parse(cls, text: str) -> TxnID:
+        """Parse ``(most,least)``; also accepts ``most:least``. Raises ``ValueError``."""
+        m = _TXN_RE.match(text.strip())
+        if m is None:
+            most, sep, least = text.strip().partition(":")
+            if sep and most.isdigit() and least.isdigit():
+                return cls(int(most), int(least))
+            raise ValueError(f"not a transaction id: {text!r} (expected '(most,least)')")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+class Message:
+    """A received message. Accessors mirror ``pulsar.Message``."""
+
+    __slots__ = (
+        "_data",
+        "_properties",
+        "_id",
+        "_topic",
+        "_key",
+        "_publish_ts",
+        "_event_ts",
+        "_redelivery",
+        "_producer",
+        "_sequence_id",
+        "_consumer",
+    )
+
+    def __init__(
+        self,
+        data: bytes,
+        properties: dict[str, str],
+        message_id: MessageId,
+        topic: str,
+        partition_key: str | None,
+        publish_timestamp: int,
+        event_timestamp: int,
+        redelivery_count: int,
+        producer_name: str,
+        sequence_id: int,
+        consumer: _TopicConsumer | None = None,
+    ) -> None:
+        self._data = data
+        self._properties = properties
+        self._id = message_id
+        self._topic = topic
+        self._key = partition_key
+        self._publish_ts = publish_timestamp
+        self._event_ts = event_timestamp
+        self._redelivery = redelivery_count
+        self._producer = producer_name
+        self._sequence_id = sequence_id
+        self._consumer = consumer
+
+    def data(self) -> bytes:
+        """The payload."""
+        return self._data
+
+    def value(self) -> bytes:
+        """The payload (alias of :meth:`data`)."""
+        return self._data
+
+    def properties(self) -> dict[str, str]:
+        """Application properties."""
+        return self._properties
+
+    def message_id(self) -> MessageId:
+        """Where the message is stored."""
+        return self._id
+
+    def topic_name(self) -> str:
+        """The topic (partition) the message came from."""
+        return self._topic
+
+    def partition_key(self) -> str:
+        """The key, or ``""`` if none was set (as in the official client)."""
+        return self._key or ""
+
+    def ordering_key(self) -> str:
+        """Alias of :meth:`partition_key`."""
+        return self._key or ""
+
+    def publish_timestamp(self) -> int:
+        """Broker publish time, ms since the epoch."""
+        return self._publish_ts
+
+    def event_timestamp(self) -> int:
+        """Application event time in ms, 0 if unset."""
+        return self._event_ts
+
+    def redelivery_count(self) -> int:
+        """How many times the broker redelivered this message."""
+        return self._redelivery
+
+    def producer_name(self) -> str:
+        """Name of the producer that wrote it."""
+        return self._producer
+
+    def sequence_id(self) -> int:
+        """The producer's sequence id of this message."""
+        return self._sequence_id
+
+    def __repr__(self) -> str:
+        return f"Message(topic={self._topic!r}, id={self._id}, {len(self._data)} bytes)"

@@ -1,0 +1,220 @@
+"""Service URLs, the connection pool, topic lookup and partition metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from .auth import Authentication
+from .backoff import Backoff
+from .connection import Connection, check_error, command, next_request_id
+from .errors import ConnectError, PulsarError, Timeout, from_server_error
+from .protocol import pb
+
+log = logging.getLogger("txn.pool")
+T = pb.BaseCommand
+MAX_REDIRECTS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    """A broker's ``pulsar://`` or ``pulsar+ssl://`` URL split into parts."""
+
+    url: str
+    host: str
+    port: int
+    tls: bool
+
+
+def parse_service_url(url: str) -> list[BrokerAddress]:
+    """Parse ``pulsar://h1:6650,h2:6650`` (or ``pulsar+ssl://``) into addresses."""
+    if not isinstance(url, str):
+        raise ValueError(f"service URL must be a string, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("pulsar", "pulsar+ssl"):
+        raise ValueError(f"invalid service URL {url!r}: expected pulsar://host:port or pulsar+ssl://host:port")
+    tls = scheme == "pulsar+ssl"
+    out: list[BrokerAddress] = []
+    for hostport in rest.rstrip("/").split(","):
+        p = urlparse(f"{scheme}://{hostport}")
+        if not p.hostname:
+            raise ValueError(f"invalid service URL {url!r}: no host in {hostport!r}")
+        port = p.port or (6651 if tls else 6650)
+        out.append(BrokerAddress(f"{scheme}://{p.hostname}:{port}", p.hostname, port, tls))
+    return out
+
+
+class ConnectionPool:
+    """One connection per broker URL, shared by producers, consumers and coordinators."""
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        auth: Authentication | None,
+        operation_timeout: float,
+        connection_timeout: float,
+        keepalive_interval: float,
+        tls_trust_certs_file_path: str | None = None,
+        tls_allow_insecure_connection: bool = False,
+        tls_validate_hostname: bool = False,
+    ) -> None:
+        self.service_addresses = parse_service_url(service_url)
+        self.service_url = service_url
+        self.auth = auth
+        self.operation_timeout = operation_timeout
+        self.connection_timeout = connection_timeout
+        self.keepalive_interval = keepalive_interval
+        self.use_tls = self.service_addresses[0].tls
+        self._ssl: ssl.SSLContext | None = None
+        if self.use_tls:
+            ctx = ssl.create_default_context(cafile=tls_trust_certs_file_path)
+            ctx.check_hostname = tls_validate_hostname and not tls_allow_insecure_connection
+            if tls_allow_insecure_connection:
+                ctx.verify_mode = ssl.CERT_NONE
+            self._ssl = ctx
+        self._conns: dict[tuple[str, str], asyncio.Future[Connection]] = {}
+        self._rr = 0
+        self.closed = False
+
+    # ------------------------------------------------------------- connections
+
+    async def get(self, logical_url: str | None = None, physical_url: str | None = None) -> Connection:
+        """A ready connection to ``logical_url`` (default: the service URL), reached via ``physical_url``."""
+        if self.closed:
+            raise ConnectError("client is closed")
+        if logical_url is None:
+            addr = self.service_addresses[self._rr % len(self.service_addresses)]
+            self._rr += 1
+            logical_url = addr.url
+        physical_url = physical_url or logical_url
+        key = (logical_url, physical_url)
+        fut = self._conns.get(key)
+        if fut is not None:
+            if not fut.done():
+                return await asyncio.shield(fut)
+            if fut.exception() is None and not fut.result().closed:
+                return fut.result()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._conns[key] = fut
+        try:
+            conn = await self._open(logical_url, physical_url)
+        except BaseException as exc:
+            self._conns.pop(key, None)
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved
+            raise
+        fut.set_result(conn)
+        conn.close_listeners.append(lambda c, _e, k=key: self._forget(k, c))
+        return conn
+
+    def _forget(self, key: tuple[str, str], conn: Connection) -> None:
+        fut = self._conns.get(key)
+        if fut is not None and fut.done() and fut.exception() is None and fut.result() is conn:
+            del self._conns[key]
+
+    async def _open(self, logical_url: str, physical_url: str) -> Connection:
+        (phys,) = parse_service_url(physical_url)[:1]
+        conn = Connection(
+            phys.host,
+            phys.port,
+            tls=self._ssl if phys.tls else None,
+            server_hostname=phys.host,
+            auth=self.auth,
+            proxy_to_broker_url=(logical_url.split("://", 1)[1] if logical_url != physical_url else None),
+            operation_timeout=self.connection_timeout,
+            keepalive_interval=self.keepalive_interval,
+        )
+        await conn.open()
+        conn.operation_timeout = self.operation_timeout
+        log.debug("connected to %s (server %s)", conn.address, conn.server_version)
+        return conn
+
+    def close(self) -> None:
+        """Close every connection."""
+        self.closed = True
+        for fut in list(self._conns.values()):
+            if fut.done() and fut.exception() is None:
+                fut.result().close()
+        self._conns.clear()
+
+    # ------------------------------------------------------------------ lookup
+
+    async def retrying(self, what: str, op, *, topic: str | None = None, deadline: float | None = None):  # noqa: ANN001, ANN201
+        """Run ``op()`` until it succeeds, retrying retriable errors until the operation timeout."""
+        deadline = deadline or (time.monotonic() + self.operation_timeout)
+        backoff = Backoff(0.1, 2.0)
+        while True:
+            try:
+                return await op()
+            except PulsarError as exc:
+                if not exc.retriable or self.closed:
+                    raise
+                delay = backoff.next()
+                if time.monotonic() + delay > deadline:
+                    raise Timeout(f"{what} did not succeed in {self.operation_timeout:.0f}s; last error: {exc}",
+                                  topic=topic) from exc
+                log.debug("%s failed (%s); retrying in %.2fs", what, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def lookup(self, topic: str) -> tuple[str, str]:
+        """Find the broker owning ``topic``; returns ``(logical_url, physical_url)``."""
+        return await self.retrying(f"lookup of {topic}", lambda: self._lookup_once(topic), topic=topic)
+
+    async def _lookup_once(self, topic: str) -> tuple[str, str]:
+        conn = await self.get()
+        authoritative = False
+        for _ in range(MAX_REDIRECTS):
+            rid = next_request_id()
+            resp = await conn.request(
+                command(T.LOOKUP, topic=topic, request_id=rid, authoritative=authoritative), rid
+            )
+            check_error(resp, "lookup", topic=topic)
+            r = resp.lookupTopicResponse
+            if r.response == pb.CommandLookupTopicResponse.Failed:
+                name = pb.ServerError.Name(r.error) if r.HasField("error") else "UnknownError"
+                raise from_server_error(name, f"lookup failed: {r.message}", topic=topic)
+            url = r.brokerServiceUrlTls if self.use_tls and r.brokerServiceUrlTls else r.brokerServiceUrl
+            if not url:
+                raise from_server_error("ServiceNotReady", "lookup returned no broker URL", topic=topic)
+            if r.response == pb.CommandLookupTopicResponse.Redirect:
+                authoritative = r.authoritative
+                conn = await (self.get(url, conn_physical(conn)) if r.proxy_through_service_url else self.get(url))
+                continue
+            if r.proxy_through_service_url:
+                return url, conn_physical(conn)
+            return url, url
+        raise from_server_error("ServiceNotReady", f"too many lookup redirects (> {MAX_REDIRECTS})", topic=topic)
+
+    async def partitions(self, topic: str) -> int:
+        """Number of partitions of ``topic`` (0 for a non-partitioned topic)."""
+
+        async def once() -> int:
+            conn = await self.get()
+            rid = next_request_id()
+            resp = await conn.request(command(T.PARTITIONED_METADATA, topic=topic, request_id=rid), rid)
+            check_error(resp, "partition metadata", topic=topic)
+            r = resp.partitionMetadataResponse
+            if r.HasField("response") and r.response == pb.CommandPartitionedTopicMetadataResponse.Failed:
+                name = pb.ServerError.Name(r.error) if r.HasField("error") else "UnknownError"
+                raise from_server_error(name, f"partition metadata failed: {r.message}", topic=topic)
+            return r.partitions
+
+        return await self.retrying(f"partition metadata of {topic}", once, topic=topic)
+
+    async def connection_for(self, topic: str) -> Connection:
+        """A connection to the broker that owns ``topic``."""
+        logical, physical = await self.lookup(topic)
+        return await self.get(logical, physical)
+
+
+def conn_physical(conn: Connection) -> str:
+    """The URL a connection physically reaches."""
+    scheme = "pulsar+ssl" if conn._tls else "pulsar"  # noqa: SLF001
+    return f"{scheme}://{conn.host}:{conn.port}"

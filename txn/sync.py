@@ -1,0 +1,390 @@
+"""Synchronous facade: ``Client``, ``Producer``, ``Consumer``, ``Transaction``.
+
+One event loop runs the asyncio core in a daemon thread; every blocking call
+hands a coroutine to it and waits. Hot paths avoid a round trip per call:
+``send_async`` queues into a thread-safe inbox drained by the loop, ``receive``
+pops from the thread-safe receive queue, and plain acks are grouped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from .auth import Authentication
+from .client import AsyncClient
+from .consumer import AsyncConsumer, ConsumerType, InitialPosition
+from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result, Timeout
+from .message import Message, MessageId
+from .producer import AsyncProducer, _run_callback
+from .protocol import CompressionType
+from .transaction import AsyncTransaction, TxnState
+
+R = TypeVar("R")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="txn-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("blocking txn call made from a txn callback; use the async API there")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise Timeout(f"operation did not finish within {timeout}s") from None
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+class Transaction:
+    """A Pulsar transaction (blocking API). ``with txn:`` commits, or aborts on an exception."""
+
+    def __init__(self, inner: AsyncTransaction, lt: _LoopThread) -> None:
+        self._inner = inner
+        self._lt = lt
+
+    @property
+    def id(self) -> Any:
+        """The :class:`~txn.TxnID`; ``str()`` gives ``(most,least)``."""
+        return self._inner.id
+
+    @property
+    def state(self) -> TxnState:
+        """Current :class:`~txn.TxnState`."""
+        return self._inner.state
+
+    def commit(self) -> None:
+        """Commit (after the transaction's sends and acks complete)."""
+        self._lt.run(self._inner.commit())
+
+    def abort(self) -> None:
+        """Abort."""
+        self._lt.run(self._inner.abort())
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+        self._lt.run(self._inner.__aexit__(exc_type, exc, tb))
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
+class Producer:
+    """A producer (blocking API); see :class:`~txn.producer.AsyncProducer`."""
+
+    def __init__(self, inner: AsyncProducer, lt: _LoopThread) -> None:
+        self._inner = inner
+        self._lt = lt
+        window = inner.conf.max_pending_messages * max(len(inner._parts), 1)  # noqa: SLF001
+        window = min(window, max(inner.conf.max_pending_messages_across_partitions, inner.conf.max_pending_messages))
+        self._slots = threading.BoundedSemaphore(window)
+        self._inbox: deque[tuple[Any, ...]] = deque()
+        self._drain_scheduled = False
+        self._lock = threading.Lock()
+
+    def topic(self) -> str:
+        """The topic."""
+        return self._inner.topic()
+
+    def producer_name(self) -> str:
+        """The broker-assigned (or given) producer name."""
+        return self._inner.producer_name()
+
+    def last_sequence_id(self) -> int:
+        """Highest sequence id the broker confirmed."""
+        return self._inner.last_sequence_id()
+
+    def send(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        sequence_id: int | None = None,
+        txn: Transaction | None = None,
+    ) -> MessageId:
+        """Send and block until the broker confirms; returns the :class:`MessageId`."""
+        return self._lt.run(
+            self._inner.send(
+                content,
+                properties=properties,
+                partition_key=partition_key,
+                event_timestamp=event_timestamp,
+                sequence_id=sequence_id,
+                txn=txn._inner if txn is not None else None,  # noqa: SLF001
+            )
+        )
+
+    def send_async(
+        self,
+        content: bytes,
+        callback: Callable[[Result, MessageId | None], Any] | None,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        sequence_id: int | None = None,
+        txn: Transaction | None = None,
+    ) -> None:
+        """Queue a message; ``callback(result, message_id)`` runs on the client's thread.
+
+        Blocks while the pending window is full if ``block_if_queue_full`` was set,
+        otherwise raises :class:`ProducerQueueIsFull`.
+        """
+        self._inner._check(content)  # noqa: SLF001
+        if txn is not None:
+            t = txn._inner  # noqa: SLF001
+            t.check_open()
+
+            async def go() -> None:
+                fut = await self._inner.send_async(
+                    content, callback, properties, partition_key, event_timestamp, sequence_id, t
+                )
+                del fut
+
+            self._lt.run(go())
+            return
+        if not self._slots.acquire(blocking=self._inner.conf.block_if_queue_full):
+            raise ProducerQueueIsFull("pending window is full", topic=self._inner.topic())
+        self._inbox.append((content, callback, properties, partition_key, event_timestamp, sequence_id))
+        with self._lock:
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._lt.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._drain_scheduled = False
+        inner = self._inner
+        while self._inbox:
+            content, cb, props, key, ts, seq = self._inbox.popleft()
+            try:
+                fut = inner.send_nowait(content, props, key, ts, seq, block=True)
+            except PulsarError as exc:
+                self._slots.release()
+                if cb is not None:
+                    _call_cb(cb, exc.result, None)
+                continue
+            if fut is None:  # window full in the core: retry when room frees up
+                self._inbox.appendleft((content, cb, props, key, ts, seq))
+                asyncio.ensure_future(self._wait_and_drain())
+                with self._lock:
+                    self._drain_scheduled = True
+                return
+            fut.add_done_callback(lambda f, cb=cb: self._done(f, cb))
+
+    async def _wait_and_drain(self) -> None:
+        await asyncio.gather(*(p.wait_space() for p in self._inner._parts))  # noqa: SLF001
+        self._drain()
+
+    def _done(self, fut: asyncio.Future[MessageId], cb: Callable[..., Any] | None) -> None:
+        self._slots.release()
+        if cb is not None:
+            _run_callback(cb, fut)
+
+    def flush(self) -> None:
+        """Block until every queued message is confirmed."""
+
+        async def go() -> None:
+            while self._inbox:
+                self._drain()
+                await asyncio.sleep(0.001)
+            await self._inner.flush()
+
+        self._lt.run(go())
+
+    def close(self) -> None:
+        """Flush and close."""
+        if self._inner._closed:  # noqa: SLF001
+            return
+        self.flush()
+        self._lt.run(self._inner.close())
+
+    def is_connected(self) -> bool:
+        """True when connected to the broker(s)."""
+        return self._inner.is_connected()
+
+
+def _call_cb(cb: Callable[..., Any], res: Result, mid: MessageId | None) -> None:
+    try:
+        cb(res, mid)
+    except Exception:  # pragma: no cover - user callback bug
+        import logging
+
+        logging.getLogger("txn.producer").exception("send callback raised")
+
+
+class Consumer:
+    """A consumer (blocking API); see :class:`~txn.consumer.AsyncConsumer`."""
+
+    def __init__(self, inner: AsyncConsumer, lt: _LoopThread) -> None:
+        self._inner = inner
+        self._lt = lt
+
+    def topic(self) -> str:
+        """The (first) topic."""
+        return self._inner.topic()
+
+    def subscription_name(self) -> str:
+        """The subscription."""
+        return self._inner.subscription_name()
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
+        self._inner._check()  # noqa: SLF001
+        return self._inner._queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)  # noqa: SLF001
+
+    def acknowledge(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Acknowledge; with ``txn`` it blocks until the broker accepted the transactional ack."""
+        if txn is None:
+            self._inner.acknowledge_nowait(message_or_id)
+            return
+        self._lt.run(self._inner.acknowledge(message_or_id, txn._inner))  # noqa: SLF001
+
+    def acknowledge_cumulative(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Acknowledge everything up to this message."""
+        if txn is None:
+            self._inner.acknowledge_nowait(message_or_id, cumulative=True)
+            return
+        self._lt.run(self._inner.acknowledge_cumulative(message_or_id, txn._inner))  # noqa: SLF001
+
+    def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
+        """Redeliver after the negative-ack delay."""
+        self._inner._check()  # noqa: SLF001
+
+        async def go() -> None:
+            self._inner.negative_acknowledge(message_or_id)
+
+        self._lt.run(go())
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Redeliver all unacknowledged messages now."""
+
+        async def go() -> None:
+            self._inner.redeliver_unacknowledged_messages()
+
+        self._lt.run(go())
+
+    def unsubscribe(self) -> None:
+        """Delete the subscription and close."""
+        self._lt.run(self._inner.unsubscribe())
+
+    def close(self) -> None:
+        """Close (pending acks are flushed first)."""
+        self._lt.run(self._inner.close())
+
+    def is_connected(self) -> bool:
+        """True when subscribed on every topic/partition."""
+        return self._inner.is_connected()
+
+
+class Client:
+    """A Pulsar client with a blocking API; parameters mirror ``pulsar.Client``."""
+
+    def __init__(
+        self,
+        service_url: str,
+        authentication: Authentication | None = None,
+        operation_timeout_seconds: float = 30,
+        connection_timeout_ms: int = 10000,
+        keep_alive_interval_seconds: float = 30,
+        tls_trust_certs_file_path: str | None = None,
+        tls_allow_insecure_connection: bool = False,
+        tls_validate_hostname: bool = False,
+    ) -> None:
+        self._lt = _LoopThread()
+        self._closed = False
+
+        async def make() -> AsyncClient:
+            return AsyncClient(
+                service_url,
+                authentication=authentication,
+                operation_timeout_seconds=operation_timeout_seconds,
+                connection_timeout_ms=connection_timeout_ms,
+                keep_alive_interval_seconds=keep_alive_interval_seconds,
+                tls_trust_certs_file_path=tls_trust_certs_file_path,
+                tls_allow_insecure_connection=tls_allow_insecure_connection,
+                tls_validate_hostname=tls_validate_hostname,
+            )
+
+        try:
+            self._inner = self._lt.run(make())
+        except BaseException:
+            self._lt.stop()
+            raise
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("client is closed")
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_producer(self, topic: str, **kwargs: Any) -> Producer:
+        """Create a producer; keyword arguments as in :meth:`AsyncClient.create_producer`."""
+        self._check()
+        return Producer(self._lt.run(self._inner.create_producer(topic, **kwargs)), self._lt)
+
+    def subscribe(
+        self,
+        topic: str | list[str],
+        subscription_name: str,
+        consumer_type: ConsumerType = ConsumerType.Exclusive,
+        initial_position: InitialPosition = InitialPosition.Latest,
+        **kwargs: Any,
+    ) -> Consumer:
+        """Subscribe; keyword arguments as in :meth:`AsyncClient.subscribe`."""
+        self._check()
+        return Consumer(
+            self._lt.run(
+                self._inner.subscribe(
+                    topic, subscription_name, consumer_type=consumer_type, initial_position=initial_position,
+                    **kwargs,
+                )
+            ),
+            self._lt,
+        )
+
+    def new_transaction(self, timeout_millis: int = 60000) -> Transaction:
+        """Open a transaction."""
+        self._check()
+        return Transaction(self._lt.run(self._inner.new_transaction(timeout_millis)), self._lt)
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """Partition names of ``topic``."""
+        self._check()
+        return self._lt.run(self._inner.get_topic_partitions(topic))
+
+    def close(self) -> None:
+        """Close everything and stop the client's thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lt.run(self._inner.close(), timeout=60)
+        finally:
+            self._lt.stop()
+
+
+__all__ = ["Client", "Consumer", "Producer", "Transaction", "CompressionType"]

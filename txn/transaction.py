@@ -1,0 +1,216 @@
+"""``Transaction``: state machine, timeout, registration of partitions and subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from .coordinator import CoordinatorClient
+from .errors import (
+    InvalidTxnStatus,
+    PulsarError,
+    TransactionError,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
+from .message import MessageId, TxnID
+
+if TYPE_CHECKING:
+    from .consumer import _TopicConsumer
+
+log = logging.getLogger("txn.transaction")
+
+
+class TxnState(Enum):
+    """Lifecycle of a transaction."""
+
+    OPEN = "OPEN"
+    COMMITTING = "COMMITTING"
+    COMMITTED = "COMMITTED"
+    ABORTING = "ABORTING"
+    ABORTED = "ABORTED"
+    TIMED_OUT = "TIMED_OUT"
+    ERROR = "ERROR"
+
+
+class AsyncTransaction:
+    """An open Pulsar transaction (asyncio). Create it with ``AsyncClient.new_transaction``.
+
+    ``async with txn:`` commits on a clean exit and aborts (then re-raises) on an exception.
+    """
+
+    def __init__(self, coordinator: CoordinatorClient, txn_id: TxnID, timeout_ms: int) -> None:
+        self._tc = coordinator
+        self.id = txn_id
+        self.timeout_ms = timeout_ms
+        self.state = TxnState.OPEN
+        self._opened = time.monotonic()
+        self._deadline = self._opened + timeout_ms / 1000.0
+        self._partitions: dict[str, asyncio.Future[None]] = {}
+        self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._ops: list[asyncio.Future[Any]] = []
+        self._acked: dict[_TopicConsumer, list[MessageId]] = {}
+        self._cumulative: set[_TopicConsumer] = set()
+        self._op_error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"Transaction(id={self.id}, state={self.state.value})"
+
+    @property
+    def expired(self) -> bool:
+        """True once the transaction's timeout has passed (the broker aborts it)."""
+        return time.monotonic() >= self._deadline
+
+    def check_open(self) -> None:
+        """Raise at once unless the transaction can still take operations."""
+        if self.state is TxnState.OPEN and self.expired:
+            self.state = TxnState.TIMED_OUT
+        if self.state is TxnState.TIMED_OUT:
+            raise TransactionTimedOut(
+                f"transaction timed out after {self.timeout_ms} ms; the broker aborts it", txn_id=self.id
+            )
+        if self.state is not TxnState.OPEN:
+            raise InvalidTxnStatus(
+                f"transaction is {self.state.value}, not OPEN; it cannot be used again", txn_id=self.id
+            )
+
+    # ------------------------------------------------------------ registration
+
+    async def _register(self, table: dict, key: Any, coro_fn) -> None:  # noqa: ANN001
+        fut = table.get(key)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            table[key] = fut
+            try:
+                await coro_fn()
+            except BaseException as exc:
+                del table[key]
+                fut.set_exception(exc)
+                fut.exception()
+                raise
+            fut.set_result(None)
+            return
+        await asyncio.shield(fut)
+
+    async def register_partition(self, topic: str) -> None:
+        """Tell the coordinator we produce to ``topic`` (once per partition)."""
+        self.check_open()
+        if topic in self._partitions and self._partitions[topic].done():
+            return
+        await self._register(self._partitions, topic, lambda: self._tc.add_partitions(self.id, [topic]))
+
+    async def register_subscription(self, topic: str, subscription: str) -> None:
+        """Tell the coordinator we ack on ``topic``/``subscription`` (once per pair)."""
+        self.check_open()
+        key = (topic, subscription)
+        if key in self._subscriptions and self._subscriptions[key].done():
+            return
+        await self._register(
+            self._subscriptions, key, lambda: self._tc.add_subscriptions(self.id, [key])
+        )
+
+    def add_op(self, fut: asyncio.Future[Any]) -> None:
+        """Track a send or ack; commit waits for it and aborts if it failed."""
+        self._ops.append(fut)
+        fut.add_done_callback(self._op_done)
+
+    def _op_done(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self._op_error = self._op_error or asyncio.CancelledError()
+        elif fut.exception() is not None:
+            self._op_error = self._op_error or fut.exception()
+
+    def record_ack(self, consumer: _TopicConsumer, ids: list[MessageId], cumulative: bool) -> None:
+        """Remember acks so an abort can hand the messages back to the consumer."""
+        self._acked.setdefault(consumer, []).extend(ids)
+        if cumulative:
+            self._cumulative.add(consumer)
+
+    # ------------------------------------------------------------------ ending
+
+    async def commit(self) -> None:
+        """Wait for this transaction's sends and acks, then commit it.
+
+        If one of them failed, the transaction is aborted and
+        :class:`TransactionError` is raised with that failure as its cause.
+        """
+        self.check_open()
+        self.state = TxnState.COMMITTING
+        if self._ops:
+            await asyncio.gather(*self._ops, return_exceptions=True)
+        if self._op_error is not None:
+            self.state = TxnState.OPEN
+            try:
+                await self.abort()
+            except PulsarError as exc:
+                log.warning("abort after a failed operation of %s failed: %s", self.id, exc)
+            raise TransactionError(
+                f"an operation in the transaction failed ({self._op_error!r}); it was aborted",
+                txn_id=self.id,
+            ) from self._op_error
+        try:
+            await self._tc.end_txn(self.id, commit=True)
+        except TransactionNotFound as exc:
+            self.state = TxnState.TIMED_OUT if self.expired else TxnState.ERROR
+            if self.expired:
+                raise TransactionTimedOut(
+                    f"commit failed: the transaction outlived its {self.timeout_ms} ms timeout "
+                    f"and was aborted by the broker ({exc.message})",
+                    txn_id=self.id,
+                    server_error=exc.server_error,
+                ) from exc
+            raise
+        except BaseException:
+            self.state = TxnState.ERROR
+            raise
+        self.state = TxnState.COMMITTED
+
+    async def abort(self) -> None:
+        """Abort: nothing produced in it becomes visible, and its acks are undone."""
+        if self.state is TxnState.OPEN and self.expired:
+            self.state = TxnState.TIMED_OUT
+        if self.state is TxnState.TIMED_OUT:
+            # The broker already aborted it; make sure, and hand the messages back.
+            try:
+                await self._tc.end_txn(self.id, commit=False)
+            except PulsarError:
+                pass
+            self._redeliver_acked()
+            return
+        if self.state is not TxnState.OPEN:
+            raise InvalidTxnStatus(f"cannot abort a transaction that is {self.state.value}", txn_id=self.id)
+        self.state = TxnState.ABORTING
+        if self._ops:
+            await asyncio.gather(*self._ops, return_exceptions=True)
+        try:
+            await self._tc.end_txn(self.id, commit=False)
+        except BaseException:
+            self.state = TxnState.ERROR
+            raise
+        finally:
+            self._redeliver_acked()
+        self.state = TxnState.ABORTED
+
+    def _redeliver_acked(self) -> None:
+        acked, self._acked = self._acked, {}
+        for consumer, ids in acked.items():
+            try:
+                consumer.redeliver_after_abort(ids, consumer in self._cumulative)
+            except PulsarError as exc:
+                log.debug("redelivery after abort of %s skipped: %s", self.id, exc)
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+        if exc_type is None:
+            await self.commit()
+        elif self.state in (TxnState.OPEN, TxnState.TIMED_OUT):
+            try:
+                await self.abort()
+            except PulsarError as abort_exc:
+                log.warning("abort of %s after %r failed: %s", self.id, exc, abort_exc)
