@@ -27,6 +27,18 @@ class Broker:
     local: LocalBroker | None = None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--run-slow"):
+        skip = pytest.mark.skip(reason="slow; enable with --run-slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
+
+
 def _sanitise(name: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:limit]
 
@@ -47,15 +59,17 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         data_dir, broker_port=broker_port, web_port=web_port, bookie_port=bookie_port,
         transaction_coordinators=2,
     )
+    started = False
     try:
         local.start(timeout=240)
+        started = True
         yield Broker(local.service_url, local.admin_url, local)
     finally:
         local.stop()
-        if request.session.testsfailed:
-            print(f"\nbroker data and log kept in {data_dir}")
-        else:
+        if started and not request.session.testsfailed:
             shutil.rmtree(data_dir, ignore_errors=True)
+        else:
+            print(f"\nbroker data and log kept in {data_dir}")
 
 
 @pytest.fixture

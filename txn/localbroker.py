@@ -32,6 +32,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,9 @@ CONFIG_OVERRIDES: dict[str, str] = {
     "brokerDeleteInactiveTopicsEnabled": "false",
     # Not needed; saves threads.
     "webSocketServiceEnabled": "false",
-    # The bookie reads this same file. Without allowEphemeralPorts=true it
-    # ignores --bookkeeper-port and picks an arbitrary port; the bookie id is
-    # host:port, so it must stay stable for data to survive restarts.
+    # The bookie reads this same file. Without allowEphemeralPorts=true a new
+    # bookie ignores --bookkeeper-port and picks an arbitrary port (later
+    # starts reuse the port stored in the bookie's cookie).
     "allowEphemeralPorts": "true",
     # Keep the bookie's direct-memory caches small (default 25% of direct mem).
     "dbStorage_writeCacheMaxSizeMb": "64",
@@ -160,11 +161,15 @@ def ensure_distribution(progress: Progress = print, version: str = PULSAR_VERSIO
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache))
         try:
-            with tarfile.open(tarball) as tf:
-                if hasattr(tarfile, "data_filter"):
-                    tf.extractall(tmp, filter="data")
-                else:  # pragma: no cover - Python < 3.11.4
-                    tf.extractall(tmp)
+            try:
+                with tarfile.open(tarball) as tf:
+                    if hasattr(tarfile, "data_filter"):
+                        tf.extractall(tmp, filter="data")
+                    else:  # pragma: no cover - Python < 3.11.4
+                        tf.extractall(tmp)
+            except (tarfile.TarError, EOFError, zlib.error) as e:
+                tarball.unlink(missing_ok=True)
+                raise BrokerError(f"{tarball} is corrupt ({e}); deleted it, run again to re-fetch") from e
             unpacked = tmp / f"apache-pulsar-{version}"
             if not (unpacked / "bin" / "pulsar").exists():
                 raise BrokerError(f"{tarball} does not contain apache-pulsar-{version}/bin/pulsar")
@@ -438,16 +443,14 @@ class LocalBroker:
         saved = self._load_state()
         self.broker_port: int = broker_port or saved.get("broker_port") or DEFAULT_BROKER_PORT
         self.web_port: int = web_port or saved.get("web_port") or DEFAULT_WEB_PORT
-        self.bookie_port: int = bookie_port or saved.get("bookie_port") or DEFAULT_BOOKIE_PORT
+        # Once the bookie has data, Pulsar reuses the port recorded in its cookie
+        # (the bookie id is host:port) and ignores --bookkeeper-port.
+        self.bookie_port: int = (
+            self._cookie_bookie_port() or bookie_port or saved.get("bookie_port") or DEFAULT_BOOKIE_PORT
+        )
         self.transaction_coordinators: int = (
             transaction_coordinators or saved.get("transaction_coordinators") or 1
         )
-        old_bk = saved.get("bookie_port")
-        if old_bk and old_bk != self.bookie_port and (self.data_dir / "bookkeeper").exists():
-            raise BrokerError(
-                f"{self.data_dir} holds bookie data for port {old_bk}; the bookie id is "
-                f"host:port, so it cannot be reused with bookie_port={self.bookie_port}"
-            )
         self._pulsar_home = Path(pulsar_home) if pulsar_home else None
         self.progress = progress
         self._proc: subprocess.Popen[bytes] | None = None
@@ -479,6 +482,14 @@ class LocalBroker:
     @property
     def _state_file(self) -> Path:
         return self.data_dir / "broker.json"
+
+    def _cookie_bookie_port(self) -> int | None:
+        try:
+            text = (self.data_dir / "bookkeeper" / "current" / "VERSION").read_text()
+        except OSError:
+            return None
+        m = re.search(r'bookieHost:\s*"[^"]*:(\d+)"', text)
+        return int(m.group(1)) if m else None
 
     def _load_state(self) -> dict[str, Any]:
         try:
@@ -631,7 +642,10 @@ class LocalBroker:
             now = time.monotonic()
             if now - t0 > timeout:
                 tail = _tail(self.log_file, self._log_offset)
-                raise BrokerError(f"broker not ready after {timeout:.0f}s ({reason}); log tail:\n{tail}")
+                raise BrokerError(
+                    f"broker (pid {self.pid}, still running) not ready after {timeout:.0f}s ({reason}); "
+                    f"log tail of {self.log_file}:\n{tail}"
+                )
             if now >= next_report:
                 self.progress(f"waiting for broker... ({now - t0:.0f}s elapsed: {reason})")
                 next_report = now + 10

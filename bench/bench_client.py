@@ -1,0 +1,660 @@
+#!/usr/bin/env python
+"""Benchmark txn against the official ``pulsar-client`` (and the Java client) on one broker.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_client.py [--messages N] [--size 1024] [--runs 3]
+
+By default a throw-away :class:`txn.localbroker.LocalBroker` (temp data dir, free
+ports) is started and stopped at the end; pass ``--service-url``/``--admin-url`` to
+use a running broker instead (it needs transactions enabled).
+
+Measured, all on the same broker in one run:
+
+1. Producer throughput: ``send_async(payload, callback)`` N times with
+   ``block_if_queue_full=True`` and batching on with the default batching settings,
+   then ``flush()``; fresh topic per run; median of ``--runs``.
+2. Consumer throughput: ``receive()`` + ``acknowledge()`` of N messages pre-filled
+   by the official client (batched); fresh subscription (Earliest) per run.
+3. Transaction round trip (txn sync API): open, send 1 message in it, receive+ack
+   1 message in it, commit; p50/p99. Java figure: ``bin/pulsar-perf transaction``
+   (1 thread, 1 produced + 1 consumed per transaction) against the same broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pulsar  # noqa: E402  (official client)
+
+import txn  # noqa: E402
+from txn.localbroker import LocalBroker, ensure_distribution, free_port  # noqa: E402
+
+T0 = time.monotonic()
+NS = "persistent://public/default"
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+def uniq(prefix: str) -> str:
+    return f"{NS}/bench-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def official_client(url: str) -> pulsar.Client:
+    return pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pct(sorted_xs: list[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_xs:
+        return float("nan")
+    k = max(0, min(len(sorted_xs) - 1, int(round(p / 100.0 * len(sorted_xs) + 0.5)) - 1))
+    return sorted_xs[k]
+
+
+@dataclass
+class Row:
+    """One measured quantity: per-run values for txn and the reference client."""
+
+    metric: str
+    unit: str
+    txn: list[float] = field(default_factory=list)
+    ref: list[float] = field(default_factory=list)
+    higher_is_better: bool = True
+    note: str = ""
+
+
+class CallbackCounter:
+    """Send callback shared by both clients: counts results, notes failures."""
+
+    __slots__ = ("ok", "failed", "first_error", "_lock")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed = 0
+        self.first_error: object = None
+        self._lock = threading.Lock()
+
+    def __call__(self, res, msg_id) -> None:  # noqa: ANN001
+        # Both clients call this on one internal thread, but be safe.
+        if res == pulsar.Result.Ok or res == txn.Result.Ok:
+            self.ok += 1
+        else:
+            with self._lock:
+                self.failed += 1
+                if self.first_error is None:
+                    self.first_error = res
+
+
+# --------------------------------------------------------------------------- producer
+
+
+def produce_official(url: str, n: int, payload: bytes) -> float:
+    client = official_client(url)
+    try:
+        prod = client.create_producer(uniq("p-official"), block_if_queue_full=True, batching_enabled=True)
+        cb = CallbackCounter()
+        send = prod.send_async
+        t0 = time.perf_counter()
+        for _ in range(n):
+            send(payload, cb)
+        prod.flush()
+        dt = time.perf_counter() - t0
+        _check_counts("official producer", cb, n)
+        prod.close()
+        return dt
+    finally:
+        client.close()
+
+
+def produce_txn_sync(url: str, n: int, payload: bytes) -> float:
+    client = txn.Client(url)
+    try:
+        prod = client.create_producer(uniq("p-txn"), block_if_queue_full=True, batching_enabled=True)
+        cb = CallbackCounter()
+        send = prod.send_async
+        t0 = time.perf_counter()
+        for _ in range(n):
+            send(payload, cb)
+        prod.flush()
+        dt = time.perf_counter() - t0
+        _check_counts("txn producer", cb, n)
+        prod.close()
+        return dt
+    finally:
+        client.close()
+
+
+def produce_txn_async(url: str, n: int, payload: bytes) -> float:
+    async def go() -> float:
+        async with txn.AsyncClient(url) as client:
+            prod = await client.create_producer(uniq("p-txnasync"), block_if_queue_full=True,
+                                                batching_enabled=True)
+            cb = CallbackCounter()
+            send = prod.send_async
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await send(payload, cb)
+            await prod.flush()
+            dt = time.perf_counter() - t0
+            _check_counts("txn async producer", cb, n)
+            await prod.close()
+            return dt
+
+    return asyncio.run(go())
+
+
+def _check_counts(what: str, cb: CallbackCounter, n: int) -> None:
+    if cb.failed or cb.ok != n:
+        raise RuntimeError(f"{what}: {cb.ok} ok, {cb.failed} failed (first error {cb.first_error}) of {n}")
+
+
+# --------------------------------------------------------------------------- consumer
+
+
+def prefill(url: str, topic: str, n: int, payload: bytes) -> None:
+    """Write ``n`` messages with the official client, batched."""
+    client = official_client(url)
+    try:
+        prod = client.create_producer(topic, block_if_queue_full=True, batching_enabled=True)
+        cb = CallbackCounter()
+        for _ in range(n):
+            prod.send_async(payload, cb)
+        prod.flush()
+        _check_counts("prefill", cb, n)
+        prod.close()
+    finally:
+        client.close()
+
+
+def consume_official(url: str, topic: str, n: int, size: int) -> float:
+    client = official_client(url)
+    try:
+        cons = client.subscribe(topic, f"sub-{uuid.uuid4().hex[:8]}",
+                                initial_position=pulsar.InitialPosition.Earliest)
+        receive, ack = cons.receive, cons.acknowledge
+        t0 = time.perf_counter()
+        for _ in range(n):
+            ack(receive())
+        dt = time.perf_counter() - t0
+        cons.close()
+        return dt
+    finally:
+        client.close()
+
+
+def consume_txn_sync(url: str, topic: str, n: int, size: int) -> float:
+    client = txn.Client(url)
+    try:
+        cons = client.subscribe(topic, f"sub-{uuid.uuid4().hex[:8]}",
+                                initial_position=txn.InitialPosition.Earliest)
+        receive, ack = cons.receive, cons.acknowledge
+        t0 = time.perf_counter()
+        for _ in range(n):
+            ack(receive())
+        dt = time.perf_counter() - t0
+        cons.close()
+        return dt
+    finally:
+        client.close()
+
+
+def consume_txn_async(url: str, topic: str, n: int, size: int) -> float:
+    async def go() -> float:
+        async with txn.AsyncClient(url) as client:
+            cons = await client.subscribe(topic, f"sub-{uuid.uuid4().hex[:8]}",
+                                          initial_position=txn.InitialPosition.Earliest)
+            receive, ack = cons.receive, cons.acknowledge
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await ack(await receive())
+            dt = time.perf_counter() - t0
+            await cons.close()
+            return dt
+
+    return asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def txn_round_trips(url: str, in_topic: str, iterations: int, warmup: int, payload: bytes) -> dict[str, list[float]]:
+    """Sequential open/send/receive+ack/commit loops; returns per-phase latencies in ms."""
+    client = txn.Client(url)
+    out: dict[str, list[float]] = {"total": [], "open": [], "send": [], "ack": [], "commit": []}
+    try:
+        cons = client.subscribe(in_topic, "txn-bench", consumer_type=txn.ConsumerType.Shared,
+                                initial_position=txn.InitialPosition.Earliest)
+        prod = client.create_producer(uniq("txn-out"))
+        clock = time.perf_counter
+        for i in range(warmup + iterations):
+            t0 = clock()
+            t = client.new_transaction()
+            t1 = clock()
+            prod.send(payload, txn=t)
+            t2 = clock()
+            cons.acknowledge(cons.receive(), txn=t)
+            t3 = clock()
+            t.commit()
+            t4 = clock()
+            if i >= warmup:
+                for k, v in (("total", t4 - t0), ("open", t1 - t0), ("send", t2 - t1), ("ack", t3 - t2),
+                             ("commit", t4 - t3)):
+                    out[k].append(v * 1e3)
+        prod.close()
+        cons.close()
+    finally:
+        client.close()
+    return out
+
+
+def txn_pipelined(url: str, in_topic: str, seconds: float, payload: bytes) -> tuple[int, float]:
+    """The loop shape of ``pulsar-perf transaction`` (1 thread) with txn's async API.
+
+    Per transaction: receive, ack in txn (not awaited), send in txn (not awaited),
+    commit (not awaited; it waits for the txn's ops), then await the next NEW_TXN.
+    Returns (committed transactions, elapsed seconds).
+    """
+
+    async def go() -> tuple[int, float]:
+        async with txn.AsyncClient(url) as client:
+            cons = await client.subscribe(in_topic, "txn-bench-pipe", consumer_type=txn.ConsumerType.Shared,
+                                          initial_position=txn.InitialPosition.Earliest)
+            # pulsar-perf's producer uses the Java defaults: batching on, 1 ms max publish delay.
+            prod = await client.create_producer(uniq("txn-pipe-out"), batching_max_publish_delay_ms=1)
+            commits: set[asyncio.Task] = set()
+            done = [0]
+
+            def finished(task: asyncio.Task) -> None:
+                commits.discard(task)
+                if not task.cancelled() and task.exception() is None:
+                    done[0] += 1
+
+            t = await client.new_transaction()
+            t0 = time.perf_counter()
+            end = t0 + seconds
+            while time.perf_counter() < end:
+                msg = await cons.receive(timeout_millis=30_000)
+                asyncio.ensure_future(cons.acknowledge(msg, t))
+                await prod.send_async(payload, None, txn=t)
+                task = asyncio.ensure_future(t.commit())
+                commits.add(task)
+                task.add_done_callback(finished)
+                t = await client.new_transaction()
+            if commits:
+                await asyncio.gather(*commits, return_exceptions=True)
+            dt = time.perf_counter() - t0
+            await t.abort()
+            await prod.close()
+            await cons.close()
+            return done[0], dt
+
+    return asyncio.run(go())
+
+
+_PERF_AGG = re.compile(r"Aggregated throughput stats --- (\d+) transaction executed --- +([\d.]+) transaction/s")
+_PERF_LAT = re.compile(
+    r"Messages (ack|send) aggregated latency stats --- Latency: mean: +([\d.]+) ms - med: +([\d.]+)"
+    r" - 95pct: +([\d.]+) - 99pct: +([\d.]+)"
+)
+_PERF_FAIL = re.compile(r"(\d+) transaction end failed --- (\d+) message ack failed --- (\d+) message send failed")
+
+
+def java_perf(pulsar_home: Path, url: str, admin_url: str, in_topic: str, seconds: int) -> dict[str, float]:
+    """Run ``bin/pulsar-perf transaction`` (1 thread) and parse its aggregated stats."""
+    out_topic = uniq("java-out")
+    cmd = [
+        str(pulsar_home / "bin" / "pulsar-perf"), "transaction",
+        "--service-url", url, "--admin-url", admin_url,
+        "--topics-c", in_topic, "--topics-p", out_topic,
+        "-ss", "java-bench", "-st", "Shared", "-sp", "Earliest",
+        "-threads", "1", "-nmp", "1", "-nmc", "1",
+        "-tto", "60", "-time", str(seconds),
+    ]
+    workdir = tempfile.mkdtemp(prefix="txnbench-perf-")  # it writes an .hgrm file into its cwd
+    env = dict(os.environ)
+    env.setdefault("PULSAR_LOG_LEVEL", "info")
+    try:
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+        try:
+            text, _ = proc.communicate(timeout=seconds + 90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+            raise RuntimeError("pulsar-perf transaction did not finish in time:\n" + text[-3000:]) from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    agg = _PERF_AGG.search(text)
+    lats = {m.group(1): m for m in _PERF_LAT.finditer(text)}
+    if agg is None or "ack" not in lats or "send" not in lats:
+        raise RuntimeError(f"could not parse pulsar-perf output (exit {proc.returncode}):\n{text[-3000:]}")
+    res = {"txns": float(agg.group(1)), "rate": float(agg.group(2))}
+    fails = _PERF_FAIL.search(text)
+    if fails:
+        res["failed"] = float(sum(int(x) for x in fails.groups()))
+    for kind, m in lats.items():
+        res[f"{kind}_mean"], res[f"{kind}_p50"], res[f"{kind}_p95"], res[f"{kind}_p99"] = (
+            float(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
+    return res
+
+
+_JAVA_OPENS = [
+    "-Djava.net.preferIPv4Stack=true",
+    "--add-opens", "java.base/sun.net=ALL-UNNAMED", "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util.zip=ALL-UNNAMED", "--add-opens", "java.base/java.nio=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.misc=ALL-UNNAMED",
+]
+
+
+def java_round_trips(pulsar_home: Path, url: str, in_topic: str, iterations: int, warmup: int,
+                     size: int) -> dict[str, list[float]]:
+    """Run bench/TxnRoundTrip.java (the txn loop, with the Java client); per-phase latencies in ms."""
+    java = shutil.which("java") if not os.environ.get("JAVA_HOME") else str(Path(os.environ["JAVA_HOME"]) / "bin/java")
+    javac = shutil.which("javac") if not os.environ.get("JAVA_HOME") else str(Path(os.environ["JAVA_HOME"]) / "bin/javac")
+    if not java:
+        raise RuntimeError("java not found")
+    src = Path(__file__).resolve().parent / "TxnRoundTrip.java"
+    lib = pulsar_home / "lib"
+    workdir = tempfile.mkdtemp(prefix="txnbench-java-")
+    try:
+        api = sorted(lib.glob("org.apache.pulsar-pulsar-client-api-*.jar"))
+        if javac and Path(javac).exists() and api:
+            subprocess.run([javac, "-d", workdir, "-cp", str(api[0]), str(src)], check=True,
+                           capture_output=True, text=True, timeout=120)
+            cmd = [java, *_JAVA_OPENS, "-cp", f"{workdir}:{lib}/*", "TxnRoundTrip"]
+        else:  # single-file source launcher (slower: compiles against every jar)
+            cmd = [java, *_JAVA_OPENS, "-cp", f"{lib}/*", str(src)]
+        cmd += [url, in_topic, uniq("java-rt-out"), str(warmup), str(iterations), str(size)]
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            text, _ = proc.communicate(timeout=120 + iterations * 0.5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+            raise RuntimeError("TxnRoundTrip.java did not finish in time:\n" + text[-3000:]) from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out: dict[str, list[float]] = {"total": [], "open": [], "send": [], "ack": [], "commit": []}
+    for line in text.splitlines():
+        if line.startswith("rt "):
+            for k, v in zip(("total", "open", "send", "ack", "commit"), line.split()[1:], strict=True):
+                out[k].append(int(v) / 1e3)
+    if len(out["total"]) != iterations:
+        raise RuntimeError(f"TxnRoundTrip.java gave {len(out['total'])} of {iterations} results "
+                           f"(exit {proc.returncode}):\n{text[-3000:]}")
+    return out
+
+
+def _phase_summary(lat: dict[str, list[float]]) -> str:
+    tot = sorted(lat["total"])
+    return ("p50 %.2f ms, p99 %.2f ms, mean %.2f ms; phase p50s: open %.2f, send %.2f, receive+ack %.2f, "
+            "commit %.2f ms" % (pct(tot, 50), pct(tot, 99), statistics.mean(tot), pct(sorted(lat["open"]), 50),
+                                pct(sorted(lat["send"]), 50), pct(sorted(lat["ack"]), 50),
+                                pct(sorted(lat["commit"]), 50)))
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt(v: float, unit: str) -> str:
+    if v != v:  # nan
+        return "n/a"
+    if unit in ("msg/s", "txn/s") and v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.2f}" if v < 100 else f"{v:,.1f}"
+
+
+def print_table(rows: list[Row], runs_label: str) -> None:
+    print()
+    print(f"## Results ({runs_label})")
+    print()
+    print("| metric | txn | official / Java | ratio (txn / official) |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        tv = median(r.txn)
+        rv = median(r.ref) if r.ref else float("nan")
+        ratio = tv / rv if r.ref and rv else float("nan")
+        hint = "" if ratio != ratio else ("" if r.higher_is_better else " (lower is better)")
+        ratio_s = "n/a" if ratio != ratio else f"{ratio:.2f}x{hint}"
+        print(f"| {r.metric} ({r.unit}) | {fmt(tv, r.unit)} | {fmt(rv, r.unit) if r.ref else 'n/a'} | {ratio_s} |")
+    notes = [f"- {r.metric}: {r.note}" for r in rows if r.note]
+    if notes:
+        print()
+        print("\n".join(notes))
+    print()
+    print("### Per-run values")
+    print()
+    for r in rows:
+        t = ", ".join(fmt(v, r.unit) for v in r.txn)
+        o = ", ".join(fmt(v, r.unit) for v in r.ref) if r.ref else "-"
+        print(f"- {r.metric} ({r.unit}): txn [{t}]; official/Java [{o}]")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=100_000, help="messages per producer/consumer run")
+    ap.add_argument("--size", type=int, default=1024, help="payload size in bytes")
+    ap.add_argument("--runs", type=int, default=3, help="runs per throughput measurement (median reported)")
+    ap.add_argument("--txn-iterations", type=int, default=300, help="measured transaction round trips")
+    ap.add_argument("--txn-warmup", type=int, default=20, help="unmeasured round trips first")
+    ap.add_argument("--pipelined-seconds", type=float, default=10.0,
+                    help="duration of txn's pulsar-perf-shaped transaction loop (0 = skip)")
+    ap.add_argument("--perf-seconds", type=int, default=15, help="pulsar-perf transaction -time (0 = skip it)")
+    ap.add_argument("--no-java", action="store_true", help="skip both Java measurements")
+    ap.add_argument("--service-url", help="use this broker instead of starting one")
+    ap.add_argument("--admin-url", help="admin URL of --service-url's broker")
+    ap.add_argument("--pulsar-home", help="Pulsar distribution for bin/pulsar-perf (default: txn's cache)")
+    ap.add_argument("--only", default="producer,consumer,txn",
+                    help="comma-separated subset of producer,consumer,txn")
+    args = ap.parse_args()
+    if bool(args.service_url) != bool(args.admin_url):
+        ap.error("--service-url and --admin-url go together")
+    parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    payload = os.urandom(args.size)
+    n = args.messages
+
+    broker: LocalBroker | None = None
+    data_dir: str | None = None
+    url, admin = args.service_url, args.admin_url
+    pulsar_home = Path(args.pulsar_home) if args.pulsar_home else None
+    try:
+        if url is None:
+            data_dir = tempfile.mkdtemp(prefix="txnbench-broker-")
+            broker = LocalBroker(data_dir, broker_port=free_port(), web_port=free_port(),
+                                 bookie_port=free_port(), progress=progress)
+            progress("starting a local Pulsar broker (about 40 s)...")
+            broker.start()
+            url, admin = broker.service_url, broker.admin_url
+        progress(f"broker: {url} (admin {admin}); {n:,} messages of {args.size} B, {args.runs} runs")
+        rows: list[Row] = []
+
+        # ---------------------------------------------------------------- 1. producer
+        if "producer" in parts:
+            mps_sync = Row("producer send_async, sync API", "msg/s")
+            mbs_sync = Row("producer send_async, sync API", "MB/s")
+            mps_async = Row("producer send_async, txn AsyncClient (extra)", "msg/s")
+            mbs_async = Row("producer send_async, txn AsyncClient (extra)", "MB/s")
+            # Warm-up both clients once (connection set-up, JIT-free but first-topic costs).
+            progress("producer: warm-up")
+            produce_official(url, min(n, 10_000), payload)
+            produce_txn_sync(url, min(n, 10_000), payload)
+            jobs = [("official", produce_official), ("txn", produce_txn_sync), ("txn-async", produce_txn_async)]
+            for run in range(args.runs):
+                order = jobs[run % 3:] + jobs[:run % 3]  # rotate to spread drift/warm-up evenly
+                for name, fn in order:
+                    dt = fn(url, n, payload)
+                    mps, mbs = n / dt, n * args.size / dt / 1e6
+                    progress(f"producer run {run + 1}/{args.runs} {name:9s}: {mps:10,.0f} msg/s {mbs:7.1f} MB/s "
+                             f"({dt:.2f} s)")
+                    if name == "official":
+                        mps_sync.ref.append(mps)
+                        mbs_sync.ref.append(mbs)
+                        mps_async.ref.append(mps)
+                        mbs_async.ref.append(mbs)
+                    elif name == "txn":
+                        mps_sync.txn.append(mps)
+                        mbs_sync.txn.append(mbs)
+                    else:
+                        mps_async.txn.append(mps)
+                        mbs_async.txn.append(mbs)
+            rows += [mps_sync, mbs_sync, mps_async, mbs_async]
+
+        # ---------------------------------------------------------------- 2. consumer
+        if "consumer" in parts:
+            c_sync = Row("consumer receive+acknowledge, sync API", "msg/s")
+            c_async = Row("consumer receive+acknowledge, txn AsyncClient (extra)", "msg/s")
+            topic = uniq("c-in")
+            progress(f"consumer: pre-filling {topic} with {n:,} messages (official client, batched)")
+            t0 = time.perf_counter()
+            prefill(url, topic, n, payload)
+            progress(f"consumer: pre-filled in {time.perf_counter() - t0:.1f} s; each run uses a new "
+                     "subscription at Earliest")
+            jobs = [("official", consume_official), ("txn", consume_txn_sync), ("txn-async", consume_txn_async)]
+            # Unmeasured warm-up: takes the first reader's hot broker cache away from run 1 and
+            # warms each client's code paths.
+            progress("consumer: warm-up")
+            for _, fn in jobs:
+                fn(url, topic, min(n, 5_000), args.size)
+            for run in range(args.runs):
+                order = jobs[run % 3:] + jobs[:run % 3]
+                for name, fn in order:
+                    dt = fn(url, topic, n, args.size)
+                    mps = n / dt
+                    progress(f"consumer run {run + 1}/{args.runs} {name:9s}: {mps:10,.0f} msg/s ({dt:.2f} s)")
+                    if name == "official":
+                        c_sync.ref.append(mps)
+                        c_async.ref.append(mps)
+                    elif name == "txn":
+                        c_sync.txn.append(mps)
+                    else:
+                        c_async.txn.append(mps)
+            rows += [c_sync, c_async]
+
+        # ---------------------------------------------------------------- 3. transactions
+        if "txn" in parts:
+            iters, warm = args.txn_iterations, args.txn_warmup
+            pipe_s = args.pipelined_seconds
+            java_s = args.perf_seconds
+            # Enough input for every consumer of it (pulsar-perf can run ~100s of txn/s).
+            in_topic = uniq("txn-in")
+            need = iters + warm + 50
+            pipe_topic = uniq("txn-pipe-in")
+            java_topic = uniq("java-in")
+            progress(f"transactions: pre-filling input topics (official client, batched, {args.size} B)")
+            prefill(url, in_topic, need, payload)
+            if pipe_s > 0:
+                prefill(url, pipe_topic, int(1000 * pipe_s) + 1000, payload)
+            if java_s > 0 and not args.no_java:
+                prefill(url, java_topic, int(1000 * java_s) + 1000, payload)
+            java_rt_topic = uniq("java-rt-in")
+            if not args.no_java:
+                prefill(url, java_rt_topic, need, payload)
+
+            progress(f"transactions: txn sync round trips ({warm} warm-up + {iters} measured)")
+            lat = txn_round_trips(url, in_topic, iters, warm, payload)
+            progress("transactions: txn  round trip " + _phase_summary(lat))
+
+            home = None
+            jlat = None
+            if not args.no_java:
+                home = pulsar_home or ensure_distribution(progress)
+                progress(f"transactions: Java client round trips, same loop (bench/TxnRoundTrip.java)")
+                try:
+                    jlat = java_round_trips(home, url, java_rt_topic, iters, warm, args.size)
+                    progress("transactions: Java round trip " + _phase_summary(jlat))
+                except Exception as exc:  # report, keep the rest of the table
+                    progress(f"transactions: Java round trips failed: {exc}")
+
+            pipe = None
+            if pipe_s > 0:
+                progress(f"transactions: txn AsyncClient loop shaped like pulsar-perf ({pipe_s:.0f} s)")
+                done, dt = txn_pipelined(url, pipe_topic, pipe_s, payload)
+                pipe = done / dt
+                progress(f"transactions: txn pipelined {done} txns in {dt:.1f} s = {pipe:.1f} txn/s")
+
+            java = None
+            if java_s > 0 and not args.no_java:
+                home = home or pulsar_home or ensure_distribution(progress)
+                progress(f"transactions: Java bin/pulsar-perf transaction, 1 thread, {java_s} s (+ JVM start)")
+                try:
+                    java = java_perf(home, url, admin, java_topic, java_s)
+                    progress("transactions: pulsar-perf %d txns, %.1f txn/s; send p50 %.2f p99 %.2f ms; ack p50 "
+                             "%.2f p99 %.2f ms" % (java["txns"], java["rate"], java["send_p50"], java["send_p99"],
+                                                   java["ack_p50"], java["ack_p99"]))
+                    if java.get("failed"):
+                        progress(f"transactions: WARNING pulsar-perf reported {java['failed']:.0f} failures")
+                except Exception as exc:  # report, keep the rest of the table
+                    progress(f"transactions: pulsar-perf failed: {exc}")
+
+            def stat(d: dict[str, list[float]] | None, k: str, p: float | None) -> list[float]:
+                if not d:
+                    return []
+                xs = sorted(d[k])
+                return [statistics.mean(xs) if p is None else pct(xs, p)]
+
+            rt = "txn round trip (open, send 1, receive+ack 1, commit)"
+            rows += [
+                Row(f"{rt} p50", "ms", stat(lat, "total", 50), stat(jlat, "total", 50), False,
+                    "sequential, each step awaited; txn: sync Client; Java: the Java client running the same "
+                    "loop (bench/TxnRoundTrip.java, same broker, same run)"),
+                Row(f"{rt} p99", "ms", stat(lat, "total", 99), stat(jlat, "total", 99), False),
+                Row(f"{rt} mean", "ms", stat(lat, "total", None), stat(jlat, "total", None), False),
+            ]
+            for k, label in (("open", "NEW_TXN"), ("send", "send in txn"), ("ack", "receive+ack in txn"),
+                             ("commit", "commit")):
+                rows.append(Row(f"phase: {label} p50", "ms", stat(lat, k, 50), stat(jlat, k, 50), False))
+            if pipe is not None or java is not None:
+                note = ("pulsar-perf transaction -threads 1 -nmp 1 -nmc 1: receive, ack and send in the txn and "
+                        "commit without waiting, then block on the next NEW_TXN; txn: AsyncClient running that "
+                        "same loop. pulsar-perf does not time commits, so it has no round-trip latency")
+                if java is not None:
+                    note += ("; its own latencies: send p50 %.2f / p99 %.2f ms, ack p50 %.2f / p99 %.2f ms"
+                             % (java["send_p50"], java["send_p99"], java["ack_p50"], java["ack_p99"]))
+                rows.append(Row("transactions/s, pulsar-perf loop, 1 thread", "txn/s",
+                                [pipe] if pipe is not None else [], [java["rate"]] if java else [], True, note))
+
+        print_table(rows, f"median of {args.runs} runs, {n:,} x {args.size} B messages" if parts - {"txn"}
+                    else "transactions")
+        print()
+        progress("done")
+        return 0
+    finally:
+        if broker is not None:
+            try:
+                broker.stop()
+            finally:
+                if data_dir:
+                    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
