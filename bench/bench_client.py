@@ -567,6 +567,7 @@ def main() -> int:
             # Enough input for every consumer of it (pulsar-perf can run ~100s of txn/s).
             in_topic = uniq("txn-in")
             need = iters + warm + 50
+            java_warm = max(warm, 100)  # the JVM needs more iterations before the JIT settles
             pipe_topic = uniq("txn-pipe-in")
             java_topic = uniq("java-in")
             progress(f"transactions: pre-filling input topics (official client, batched, {args.size} B)")
@@ -577,7 +578,7 @@ def main() -> int:
                 prefill(url, java_topic, int(1000 * java_s) + 1000, payload)
             java_rt_topic = uniq("java-rt-in")
             if not args.no_java:
-                prefill(url, java_rt_topic, need, payload)
+                prefill(url, java_rt_topic, iters + java_warm + 50, payload)
 
             progress(f"transactions: txn sync round trips ({warm} warm-up + {iters} measured)")
             lat = txn_round_trips(url, in_topic, iters, warm, payload)
@@ -587,9 +588,10 @@ def main() -> int:
             jlat = None
             if not args.no_java:
                 home = pulsar_home or ensure_distribution(progress)
-                progress(f"transactions: Java client round trips, same loop (bench/TxnRoundTrip.java)")
+                progress(f"transactions: Java client round trips, same loop (bench/TxnRoundTrip.java; "
+                         f"{java_warm} warm-up for the JIT + {iters} measured)")
                 try:
-                    jlat = java_round_trips(home, url, java_rt_topic, iters, warm, args.size)
+                    jlat = java_round_trips(home, url, java_rt_topic, iters, java_warm, args.size)
                     progress("transactions: Java round trip " + _phase_summary(jlat))
                 except Exception as exc:  # report, keep the rest of the table
                     progress(f"transactions: Java round trips failed: {exc}")
@@ -625,7 +627,7 @@ def main() -> int:
             rows += [
                 Row(f"{rt} p50", "ms", stat(lat, "total", 50), stat(jlat, "total", 50), False,
                     "sequential, each step awaited; txn: sync Client; Java: the Java client running the same "
-                    "loop (bench/TxnRoundTrip.java, same broker, same run)"),
+                    "loop (bench/TxnRoundTrip.java, same broker, same run; it gets more warm-up iterations for the JIT)"),
                 Row(f"{rt} p99", "ms", stat(lat, "total", 99), stat(jlat, "total", 99), False),
                 Row(f"{rt} mean", "ms", stat(lat, "total", None), stat(jlat, "total", None), False),
             ]

@@ -44,6 +44,8 @@ FUZZ = settings(
     database=None,  # keep the working tree clean
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+#: For properties of valid frames (not garbage-robustness), where fewer examples suffice.
+PROPS = settings(FUZZ, max_examples=150)
 
 
 def _check_frames(frames: list[Frame]) -> None:
@@ -229,7 +231,7 @@ def test_valid_command_with_trailing_bytes(cmd: pb.BaseCommand, trailer: bytes) 
 # -------------------------------------------------------- (b) mutated valid frames
 
 
-@FUZZ
+@PROPS
 @given(frames=st.lists(any_valid_frame(), min_size=1, max_size=5), cuts=st.lists(st.integers(0, 4096), max_size=6))
 def test_valid_frames_round_trip_in_any_chunking(frames: list[bytes], cuts: list[int]) -> None:
     stream = b"".join(frames)
@@ -285,7 +287,7 @@ def test_mutated_frames_only_raise_protocol_error(
         pass
 
 
-@FUZZ
+@PROPS
 @given(pf=payload_frames(), data=st.data())
 def test_single_bit_flip_in_checked_region_is_detected(
     pf: tuple[bytes, pb.BaseCommand, pb.MessageMetadata, bytes, int], data: st.DataObject
@@ -313,7 +315,7 @@ def test_single_bit_flip_in_checked_region_is_detected(
         assert frame.payload == bytes(expected)
 
 
-@FUZZ
+@PROPS
 @given(frame=any_valid_frame(), data=st.data())
 def test_truncated_frame_is_buffered_not_decoded(frame: bytes, data: st.DataObject) -> None:
     cut = data.draw(st.integers(0, len(frame) - 1), label="cut")
@@ -325,7 +327,7 @@ def test_truncated_frame_is_buffered_not_decoded(frame: bytes, data: st.DataObje
     assert dec.buffered == 0
 
 
-@FUZZ
+@PROPS
 @given(frame=any_valid_frame(), size=st.integers(0, 2**32 - 1))
 def test_corrupt_total_size(frame: bytes, size: int) -> None:
     dec = FrameDecoder(max_frame_size=4096)
@@ -678,7 +680,9 @@ def test_garbage_after_handshake_closes_idle_connection() -> None:
     async def script(peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(_connected_frame())
         await writer.drain()
-        await asyncio.sleep(0.1)
+        # Wait for the client's PING so that CONNECTED and the garbage arrive in separate reads.
+        frame = await _read_frame(reader)
+        peer.requests.append(frame.command)
         writer.write(b"\xde\xad\xbe\xef" + _garbage(100, 21))
         await writer.drain()
 
@@ -687,12 +691,14 @@ def test_garbage_after_handshake_closes_idle_connection() -> None:
             conn = Connection("127.0.0.1", peer.port, operation_timeout=5)
             await asyncio.wait_for(conn.open(), 8)
             assert conn.max_message_size == 5 * 1024 * 1024  # not announced: the default stays
+            conn.send_command(pb.BaseCommand(type=T.PING, ping=pb.CommandPing()))
             t0 = time.monotonic()
             while not conn.closed and time.monotonic() - t0 < 3:
                 await asyncio.sleep(0.01)
             assert conn.closed is True
             assert type(conn.close_reason) is ProtocolError
             assert "exceeds the limit" in str(conn.close_reason)
+            assert [c.type for c in peer.requests] == [T.PING]
             assert await asyncio.wait_for(asyncio.shield(peer.closed_how), 5) in ("eof", "reset")
             with pytest.raises(ConnectError):
                 await conn.request(pb.BaseCommand(type=T.PING, ping=pb.CommandPing()), next_request_id())

@@ -451,6 +451,9 @@ class LocalBroker:
         self.transaction_coordinators: int = (
             transaction_coordinators or saved.get("transaction_coordinators") or 1
         )
+        if saved.get("pid") and self._is_our_process(saved["pid"]):
+            # Already running: its actual ports win over the arguments.
+            self.broker_port, self.web_port = saved["broker_port"], saved["web_port"]
         self._pulsar_home = Path(pulsar_home) if pulsar_home else None
         self.progress = progress
         self._proc: subprocess.Popen[bytes] | None = None
@@ -664,6 +667,8 @@ class LocalBroker:
             n = body.get("partitions", 0) if status == 200 and isinstance(body, dict) else 0
             if n <= 0:
                 return "transaction coordinator assign topic not created yet"
+            if n > self.transaction_coordinators:  # the data dir already has more
+                self.transaction_coordinators = n
             if warm and n < self.transaction_coordinators:
                 # Updating answers 409 (the broker refuses to create the assign
                 # partitions as topics) but the new count is stored; re-read it.

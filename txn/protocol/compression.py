@@ -20,6 +20,7 @@ class CompressionType(IntEnum):
     ZLIB = 2
     ZSTD = 3
     SNAPPY = 4
+    ZLib = 2  # alias: the spelling of pulsar.CompressionType
 
 
 _zstd_c = zstandard.ZstdCompressor(level=3)
