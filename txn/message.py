@@ -46,7 +46,7 @@ class MessageId:
 
     def to_pb(self) -> pb.MessageIdData:
         """Wire form (without ack set)."""
-        d = pb.MessageIdData(ledgerId=self.ledger_id, entryId=self.entry_id)
+        d = pb.MessageIdData(ledgerId=self.ledger_id & _U64, entryId=self.entry_id & _U64)
         if self.partition >= 0:
             d.partition = self.partition
         if self.batch_index >= 0:
@@ -64,7 +64,12 @@ class MessageId:
     def deserialize(cls, data: bytes) -> MessageId:
         """Inverse of :meth:`serialize`."""
         d = pb.MessageIdData()
-        d.ParseFromString(data)
+        try:
+            d.ParseFromString(data)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise ValueError(f"not a serialized message id: {exc}") from exc
+        if not d.IsInitialized():
+            raise ValueError("not a serialized message id: required fields missing")
         return cls.from_pb(d)
 
     @classmethod
@@ -86,10 +91,11 @@ class MessageId:
 
 
 #: The earliest and latest positions, for ``seek`` and readers.
-EARLIEST = MessageId(-1 & 0xFFFFFFFFFFFFFFFF, -1 & 0xFFFFFFFFFFFFFFFF)
+EARLIEST = MessageId(-1, -1)
 LATEST = MessageId(0x7FFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF)
 
-_TXN_RE = re.compile(r"^\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_U64 = 0xFFFFFFFFFFFFFFFF
+_TXN_RE = re.compile(r"\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +114,13 @@ class TxnID:
     @classmethod
     def parse(cls, text: str) -> TxnID:
         """Parse ``(most,least)``; also accepts ``most:least``. Raises ``ValueError``."""
-        m = _TXN_RE.match(text.strip())
+        if not isinstance(text, str):
+            raise ValueError(f"not a transaction id: {text!r} (expected '(most,least)')")
+        m = _TXN_RE.fullmatch(text.strip())
         if m is None:
-            most, sep, least = text.strip().partition(":")
-            if sep and most.isdigit() and least.isdigit():
-                return cls(int(most), int(least))
+            m = re.fullmatch(r"([0-9]+):([0-9]+)", text.strip())
+            if m is not None:
+                return cls(int(m.group(1)), int(m.group(2)))
             raise ValueError(f"not a transaction id: {text!r} (expected '(most,least)')")
         return cls(int(m.group(1)), int(m.group(2)))
 

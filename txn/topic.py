@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from .errors import InvalidTopicName
 
-_PART = re.compile(r"^[A-Za-z0-9_=:.\-]+$")
-_LOCAL = re.compile(r"^[A-Za-z0-9_=:.\-%]+$")
+_PART = re.compile(r"[A-Za-z0-9_=:.\-]+")
+_LOCAL = re.compile(r"[A-Za-z0-9_=:.\-%]+")
 PARTITION_SUFFIX = "-partition-"
 
 
@@ -67,8 +67,8 @@ def parse_topic(name: object) -> TopicName:
             f"invalid topic name {name!r}: expected [domain://]tenant/namespace/topic or a bare name",
             topic=name,
         )
-    if not _PART.match(tenant) or not _PART.match(namespace):
+    if not _PART.fullmatch(tenant) or not _PART.fullmatch(namespace):
         raise InvalidTopicName(f"invalid tenant or namespace in {name!r}", topic=name)
-    if not local or not _LOCAL.match(local):
+    if not local or not _LOCAL.fullmatch(local):
         raise InvalidTopicName(f"invalid local topic name in {name!r}", topic=name)
     return TopicName(domain, tenant, namespace, local)

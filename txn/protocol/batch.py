@@ -21,7 +21,7 @@ def encode_entry(smm: pb.SingleMessageMetadata, payload: bytes) -> bytes:
 def decode_batch(data: bytes, count: int) -> list[tuple[pb.SingleMessageMetadata, bytes]]:
     """Split a (decompressed) batch payload into ``count`` messages.
 
-    Raises :class:`ProtocolError` if the payload does not hold exactly that.
+    Raises :class:`ProtocolError` if the payload holds fewer; trailing bytes are ignored.
     """
     if count < 0:
         raise ProtocolError(f"negative batch size {count}")

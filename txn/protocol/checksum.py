@@ -7,4 +7,4 @@ import google_crc32c
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
     """Return the CRC32C of ``data`` as an unsigned 32-bit integer."""
-    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    return google_crc32c.value(data if isinstance(data, bytes) else bytes(data))

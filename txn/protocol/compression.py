@@ -42,15 +42,24 @@ def compress(codec: CompressionType, data: bytes) -> bytes:
     raise ValueError(f"unknown compression type {codec!r}")
 
 
-def decompress(codec: int, data: bytes, uncompressed_size: int) -> bytes:
-    """Decompress ``data``; raise :class:`ProtocolError` if it does not decode to ``uncompressed_size``."""
+def decompress(codec: int, data: bytes, uncompressed_size: int, limit: int = 64 * 1024 * 1024) -> bytes:
+    """Decompress ``data``; raise :class:`ProtocolError` if it does not decode to ``uncompressed_size``.
+
+    ``limit`` caps the declared size, so a hostile header cannot make us allocate without bound.
+    """
+    if codec != CompressionType.NONE and not 0 <= uncompressed_size <= limit:
+        raise ProtocolError(f"declared uncompressed size {uncompressed_size} exceeds the limit of {limit} bytes")
     try:
         if codec == CompressionType.NONE:
             out = data
         elif codec == CompressionType.LZ4:
             out = lz4.block.decompress(data, uncompressed_size=uncompressed_size)
         elif codec == CompressionType.ZLIB:
-            out = zlib.decompress(data)
+            # Bounded: never inflate past the declared size (a zlib bomb stops here).
+            d = zlib.decompressobj()
+            out = d.decompress(data, max(uncompressed_size, 1))
+            if not d.eof or d.unconsumed_tail:
+                raise ProtocolError(f"ZLIB payload inflates beyond the declared {uncompressed_size} bytes")
         elif codec == CompressionType.ZSTD:
             out = _zstd_d.decompress(data, max_output_size=max(uncompressed_size, 1))
         elif codec == CompressionType.SNAPPY:
