@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pulsar
 import pytest
+from peer import read_n
 
 import txn
-
-from peer import read_n
 
 CODECS = ["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"]
 
@@ -62,8 +61,11 @@ def test_ours_to_official(client, official, topic, codec, batching):
 def test_official_to_ours(client, official, topic, codec):
     ours = client.subscribe(topic, "r", initial_position=txn.InitialPosition.Earliest)
     p = official.create_producer(
-        topic, compression_type=getattr(pulsar.CompressionType, "ZLib" if codec == "ZLIB" else codec), batching_enabled=True,
-        batching_max_messages=25, batching_max_publish_delay_ms=50,
+        topic,
+        compression_type=getattr(pulsar.CompressionType, "ZLib" if codec == "ZLIB" else codec),
+        batching_enabled=True,
+        batching_max_messages=25,
+        batching_max_publish_delay_ms=50,
     )
     want = _expected(60)
     for data, props, key, ts in want:

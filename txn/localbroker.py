@@ -11,13 +11,23 @@ owning ``transaction_coordinator_assign-partition-<tc>``; until then ``NEW_TXN``
 fails with ``TransactionCoordinatorNotFound``. :meth:`LocalBroker.start` does the
 lookup + ``TC_CLIENT_CONNECT_REQUEST`` itself for every TC, so a client can open
 transactions as soon as ``start()`` returns.
+
+``LocalBroker(security=True)`` additionally generates (once per data dir) a test
+CA, a broker certificate for 127.0.0.1/localhost and an HS256 token secret, and
+turns on a TLS binary port and token authentication. Anonymous clients keep
+working (``anonymousUserRole``, authorization off), so plain ``pulsar://``
+clients, the broker's own internal clients and the transaction coordinators are
+unaffected.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import fcntl
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -50,6 +60,8 @@ __all__ = [
     "enable_namespace_dedup",
     "ensure_distribution",
     "free_port",
+    "generate_tls_material",
+    "make_token",
     "probe_transaction_coordinator",
     "render_config",
 ]
@@ -61,6 +73,7 @@ HOST = "127.0.0.1"
 DEFAULT_BROKER_PORT = 6650
 DEFAULT_WEB_PORT = 8080
 DEFAULT_BOOKIE_PORT = 3181
+DEFAULT_BROKER_PORT_TLS = 6651
 CLUSTER = "standalone"
 TC_ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
 
@@ -90,6 +103,31 @@ CONFIG_OVERRIDES: dict[str, str] = {
     "dbStorage_writeCacheMaxSizeMb": "64",
     "dbStorage_readAheadCacheMaxSizeMb": "64",
 }
+
+#: Role of the token in ``LocalBroker.token``; clients without credentials get
+#: ANONYMOUS_ROLE.
+TOKEN_ROLE = "tester"
+ANONYMOUS_ROLE = "anonymous"
+
+
+def _security_overrides(sec_dir: Path, tls_port: int) -> dict[str, str]:
+    """Broker config for a TLS binary port + token authentication (anonymous allowed)."""
+    return {
+        "brokerServicePortTls": str(tls_port),
+        "tlsCertificateFilePath": str(sec_dir / "broker.cert.pem"),
+        "tlsKeyFilePath": str(sec_dir / "broker.key-pk8.pem"),
+        "tlsTrustCertsFilePath": str(sec_dir / "ca.cert.pem"),
+        "tlsRequireTrustedClientCertOnConnect": "false",
+        "authenticationEnabled": "true",
+        "authenticationProviders": "org.apache.pulsar.broker.authentication.AuthenticationProviderToken",
+        "tokenSecretKey": f"file://{sec_dir / 'token-secret.key'}",
+        # Clients without credentials (other tests, the broker's internal
+        # clients, the TC probe, the admin REST calls) are let in as this role;
+        # authorization stays off so that role may do everything.
+        "anonymousUserRole": ANONYMOUS_ROLE,
+        "authorizationEnabled": "false",
+    }
+
 
 JVM_MEM = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=1g"
 # The distribution default adds -XX:+AlwaysPreTouch (slow start) and ZGC.
@@ -374,6 +412,90 @@ def probe_transaction_coordinator(host: str, port: int, tc_id: int, timeout: flo
 
 
 # --------------------------------------------------------------------------
+# Security material: TLS certificates (openssl CLI) and HS256 tokens (stdlib)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def make_token(secret: bytes, subject: str, *, expires_at: float | None = None) -> str:
+    """An HS256 JWT ``{"sub": subject[, "exp": expires_at]}`` signed with ``secret``.
+
+    The same format as ``pulsar tokens create --secret-key ...``.
+    """
+    header = {"alg": "HS256"}
+    claims: dict[str, Any] = {"sub": subject}
+    if expires_at is not None:
+        claims["exp"] = int(expires_at)
+    signing_input = ".".join(
+        _b64url(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims)
+    )
+    sig = hmac.new(secret, signing_input.encode("ascii"), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64url(sig)}"
+
+
+_OPENSSL_CONF = """\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = unused
+[v3_ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[v3_server]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = {san}
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+"""
+
+
+def generate_tls_material(
+    directory: Path, hosts: tuple[str, ...] = (HOST, "localhost"), days: int = 3650
+) -> None:
+    """Write a test CA and a broker certificate signed by it into ``directory``.
+
+    Files: ``ca.cert.pem``, ``ca.key.pem``, ``broker.cert.pem`` (SAN: ``hosts``,
+    IPs as IP entries) and ``broker.key-pk8.pem`` (unencrypted PKCS#8, as the
+    broker needs). Uses the ``openssl`` command.
+    """
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise BrokerError("the openssl command is needed to generate TLS certificates")
+    directory.mkdir(parents=True, exist_ok=True)
+    san = ", ".join(
+        f"IP:{h}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]*:[0-9a-fA-F:]*", h) else f"DNS:{h}" for h in hosts
+    )
+    conf = directory / "openssl.cnf"
+    conf.write_text(_OPENSSL_CONF.format(san=san))
+
+    def run(*args: str) -> None:
+        res = subprocess.run([openssl, *args], cwd=directory, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BrokerError(f"openssl {' '.join(args[:2])} failed: {res.stderr.strip()[-2000:]}")
+
+    rsa = ("-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048")
+    run("genpkey", *rsa, "-out", "ca.key.pem")
+    run("req", "-x509", "-new", "-config", str(conf), "-extensions", "v3_ca", "-key", "ca.key.pem",
+        "-sha256", "-days", str(days), "-subj", "/O=txn-localbroker/CN=txn-localbroker test CA",
+        "-out", "ca.cert.pem")
+    run("genpkey", *rsa, "-out", "broker.key-pk8.pem")  # genpkey writes PKCS#8
+    run("req", "-new", "-config", str(conf), "-key", "broker.key-pk8.pem",
+        "-subj", f"/O=txn-localbroker/CN={hosts[0]}", "-out", "broker.csr")
+    run("x509", "-req", "-in", "broker.csr", "-CA", "ca.cert.pem", "-CAkey", "ca.key.pem",
+        "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-sha256", "-days", str(days),
+        "-extfile", str(conf), "-extensions", "v3_server", "-out", "broker.cert.pem")
+    (directory / "broker.csr").unlink()
+    for key in ("ca.key.pem", "broker.key-pk8.pem"):
+        (directory / key).chmod(0o600)
+
+
+# --------------------------------------------------------------------------
 # Process helpers
 
 
@@ -425,6 +547,12 @@ class LocalBroker:
     Ports not given explicitly are taken from the data dir's saved state (so a
     later ``LocalBroker(data_dir)`` in another process finds a running broker
     and restarts reuse the same ports), else the Pulsar defaults.
+
+    ``security=True`` adds a TLS binary port (:attr:`service_url_tls`, trusted
+    via :attr:`ca_cert_path`) and token authentication (:attr:`token` is valid
+    for role ``tester``; :meth:`mint_token` makes others). Clients without
+    credentials are still accepted, as role ``anonymous``. ``security=None``
+    means "as saved in the data dir" (off for a new one).
     """
 
     def __init__(
@@ -437,6 +565,8 @@ class LocalBroker:
         transaction_coordinators: int | None = None,
         pulsar_home: str | os.PathLike[str] | None = None,
         progress: Progress = print,
+        security: bool | None = None,
+        broker_port_tls: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir else cache_dir() / "standalone-data"
         self.data_dir = self.data_dir.expanduser().resolve()
@@ -451,9 +581,15 @@ class LocalBroker:
         self.transaction_coordinators: int = (
             transaction_coordinators or saved.get("transaction_coordinators") or 1
         )
+        self.security: bool = bool(saved.get("security", False) if security is None else security)
+        self.broker_port_tls: int | None = (
+            (broker_port_tls or saved.get("broker_port_tls") or DEFAULT_BROKER_PORT_TLS) if self.security else None
+        )
         if saved.get("pid") and self._is_our_process(saved["pid"]):
-            # Already running: its actual ports win over the arguments.
+            # Already running: its actual ports (and security mode) win over the arguments.
             self.broker_port, self.web_port = saved["broker_port"], saved["web_port"]
+            self.security = bool(saved.get("security", False))
+            self.broker_port_tls = saved.get("broker_port_tls") if self.security else None
         self._pulsar_home = Path(pulsar_home) if pulsar_home else None
         self.progress = progress
         self._proc: subprocess.Popen[bytes] | None = None
@@ -469,6 +605,71 @@ class LocalBroker:
     @property
     def admin_url(self) -> str:
         return f"http://{HOST}:{self.web_port}"
+
+    @property
+    def service_url_tls(self) -> str | None:
+        """``pulsar+ssl://127.0.0.1:<tls port>``, or None without ``security``."""
+        return f"pulsar+ssl://{HOST}:{self.broker_port_tls}" if self.security else None
+
+    @property
+    def security_dir(self) -> Path:
+        """Where the CA, broker certificate, token secret and token live."""
+        return self.data_dir / "security"
+
+    @property
+    def ca_cert_path(self) -> Path | None:
+        """PEM file of the CA that signed the broker's certificate (None without ``security``)."""
+        return self.security_dir / "ca.cert.pem" if self.security else None
+
+    @property
+    def token_secret_path(self) -> Path:
+        return self.security_dir / "token-secret.key"
+
+    @property
+    def token_path(self) -> Path:
+        """File holding :attr:`token` (usable as ``AuthenticationToken("file://...")``)."""
+        return self.security_dir / f"{TOKEN_ROLE}.token"
+
+    @property
+    def token(self) -> str | None:
+        """A non-expiring token for role ``tester`` (None without ``security`` or before the first start)."""
+        if not self.security:
+            return None
+        try:
+            return self.token_path.read_text().strip()
+        except OSError:
+            return None
+
+    def mint_token(self, role: str = TOKEN_ROLE, *, expires_in: float | None = None) -> str:
+        """A token for ``role`` signed with this broker's secret; ``expires_in`` seconds (may be < 0)."""
+        try:
+            secret = self.token_secret_path.read_bytes()
+        except OSError as e:
+            raise BrokerError(f"no token secret in {self.security_dir}; start with security=True first") from e
+        exp = None if expires_in is None else time.time() + expires_in
+        return make_token(secret, role, expires_at=exp)
+
+    def _ensure_security_material(self) -> None:
+        """Generate the CA, broker cert, token secret and token once per data dir."""
+        sec = self.security_dir
+        if (sec / ".complete").exists():
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".security-", dir=self.data_dir))
+        try:
+            self.progress(f"generating TLS certificates and token secret in {sec}")
+            generate_tls_material(tmp)
+            secret = os.urandom(32)
+            (tmp / "token-secret.key").write_bytes(secret)
+            (tmp / "token-secret.key").chmod(0o600)
+            (tmp / f"{TOKEN_ROLE}.token").write_text(make_token(secret, TOKEN_ROLE))
+            (tmp / ".complete").write_text("")
+            tmp.chmod(0o700)
+            if sec.exists():
+                shutil.rmtree(sec)
+            tmp.rename(sec)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     @property
     def log_file(self) -> Path:
@@ -548,6 +749,10 @@ class LocalBroker:
             webServicePort=str(self.web_port),
             narExtractionDirectory=str(self.data_dir / "nar"),
         )
+        if self.security:
+            assert self.broker_port_tls is not None
+            self._ensure_security_material()
+            overrides.update(_security_overrides(self.security_dir, self.broker_port_tls))
         lo = _loopback_interface()
         if lo:  # make the bookie bind to 127.0.0.1 (advertisedAddress) instead of 0.0.0.0
             overrides["listeningInterface"] = lo
@@ -561,6 +766,8 @@ class LocalBroker:
             "web_port": self.web_port,
             "bookie_port": self.bookie_port,
             "transaction_coordinators": self.transaction_coordinators,
+            "security": self.security,
+            "broker_port_tls": self.broker_port_tls,
             "pid": pid,
         }
         self._state_file.write_text(json.dumps(state, indent=2) + "\n")
@@ -582,7 +789,10 @@ class LocalBroker:
                 self.progress(f"broker already running (pid {pid}) at {self.service_url}")
                 started = False
             else:
-                busy = [p for p in (self.broker_port, self.web_port, self.bookie_port) if not _port_free(p)]
+                ports = [self.broker_port, self.web_port, self.bookie_port]
+                if self.broker_port_tls is not None:
+                    ports.append(self.broker_port_tls)
+                busy = [p for p in ports if not _port_free(p)]
                 if busy:
                     raise BrokerError(f"port(s) {busy} on {HOST} already in use; is another broker running?")
                 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -662,6 +872,8 @@ class LocalBroker:
                 return f"admin API: GET /admin/v2/clusters -> {status}"
             if not _port_open(self.broker_port):
                 return f"binary port {self.broker_port} not accepting connections"
+            if self.broker_port_tls is not None and not _port_open(self.broker_port_tls):
+                return f"TLS binary port {self.broker_port_tls} not accepting connections"
             tc_path = f"/admin/v2/{_topic_path(TC_ASSIGN_TOPIC)}/partitions"
             status, body = admin_request("GET", self.admin_url, tc_path, timeout=5)
             n = body.get("partitions", 0) if status == 200 and isinstance(body, dict) else 0
@@ -707,7 +919,10 @@ class LocalBroker:
             "version": PULSAR_VERSION,
             "service_url": self.service_url,
             "admin_url": self.admin_url,
+            "security": self.security,
+            "service_url_tls": self.service_url_tls,
             "broker_port": self.broker_port,
+            "broker_port_tls": self.broker_port_tls,
             "web_port": self.web_port,
             "bookie_port": self.bookie_port,
             "transaction_coordinators": self.transaction_coordinators,

@@ -138,7 +138,10 @@ class AsyncTransaction:
         If one of them failed, the transaction is aborted and
         :class:`TransactionError` is raised with that failure as its cause.
         """
-        self.check_open()
+        if not (self.state is TxnState.OPEN and self.expired):
+            self.check_open()
+        # Past the deadline we still ask the broker: it is the authority, and its
+        # answer (normally "not found": it aborted the transaction) goes in the error.
         self.state = TxnState.COMMITTING
         if self._ops:
             await asyncio.gather(*self._ops, return_exceptions=True)
@@ -154,7 +157,7 @@ class AsyncTransaction:
             ) from self._op_error
         try:
             await self._tc.end_txn(self.id, commit=True)
-        except TransactionNotFound as exc:
+        except (TransactionNotFound, InvalidTxnStatus) as exc:
             self.state = TxnState.TIMED_OUT if self.expired else TxnState.ERROR
             if self.expired:
                 raise TransactionTimedOut(

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything the project needs on a fresh Debian machine:
+# Debian packages, the project virtualenv (.venv) with the package and its extras,
+# and the Apache Pulsar distribution (fetched from Maven Central into the cache).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '[bootstrap] %s\n' "$*"; }
+
+# 1. Debian packages (only what is missing).
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if ((${#need[@]})); then
+  log "installing Debian packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+python3 - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"Python >= 3.11 is required, found {sys.version.split()[0]}")
+PY
+
+# 2. The virtualenv, reinstalled only when pyproject.toml changes.
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  log "installing Python packages into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev,api]"
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+
+# 3. The Pulsar distribution (cached outside the repo; instant when present).
+.venv/bin/python -c 'from txn.localbroker import ensure_distribution; ensure_distribution()'
+log "ready"
