@@ -3,6 +3,12 @@
 Set PULSAR_SERVICE_URL and PULSAR_ADMIN_URL to test against an existing broker;
 otherwise a LocalBroker is started on free ports with a fresh data dir under
 /tmp and stopped at the end of the session (the dir is kept if tests failed).
+
+The local broker runs with ``security=True``: besides ``pulsar://`` it has a TLS
+port (``Broker.service_url_tls``, trusted via ``Broker.ca_cert``) and token
+authentication (``Broker.token``, role ``tester``); clients without credentials
+are still accepted. With PULSAR_SERVICE_URL these fields are None and the
+security tests read PULSAR_SERVICE_URL_TLS / PULSAR_TLS_CA / PULSAR_TOKEN.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ class Broker:
     service_url: str
     admin_url: str
     local: LocalBroker | None = None
+    service_url_tls: str | None = None
+    ca_cert: str | None = None
+    token: str | None = None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,18 +61,21 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         return
     data_dir = tempfile.mkdtemp(prefix="pulsar-txn-test-", dir="/tmp")
     ports = set()
-    while len(ports) < 3:
+    while len(ports) < 4:
         ports.add(free_port())
-    broker_port, web_port, bookie_port = ports
+    broker_port, web_port, bookie_port, tls_port = ports
     local = LocalBroker(
         data_dir, broker_port=broker_port, web_port=web_port, bookie_port=bookie_port,
-        transaction_coordinators=2,
+        transaction_coordinators=2, security=True, broker_port_tls=tls_port,
     )
     started = False
     try:
         local.start(timeout=240)
         started = True
-        yield Broker(local.service_url, local.admin_url, local)
+        yield Broker(
+            local.service_url, local.admin_url, local,
+            service_url_tls=local.service_url_tls, ca_cert=str(local.ca_cert_path), token=local.token,
+        )
     finally:
         local.stop()
         if started and not request.session.testsfailed:

@@ -35,7 +35,7 @@ from .errors import (  # noqa: E402
     TransactionTimedOut,
 )
 from .message import EARLIEST, LATEST, Message, MessageId, TxnID  # noqa: E402
-from .producer import AsyncProducer  # noqa: E402
+from .producer import AsyncProducer, ProducerAccessMode  # noqa: E402
 from .protocol import CompressionType  # noqa: E402
 from .sync import Client, Consumer, Producer, Transaction  # noqa: E402
 from .transaction import AsyncTransaction, TxnState  # noqa: E402
@@ -67,6 +67,7 @@ __all__ = [
     "MessageId",
     "MessageTooBig",
     "Producer",
+    "ProducerAccessMode",
     "ProducerBusy",
     "ProducerFenced",
     "ProducerQueueIsFull",

@@ -11,7 +11,7 @@ from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPositi
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
 from .pool import ConnectionPool
-from .producer import AsyncProducer, ProducerConfig
+from .producer import AsyncProducer, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
 from .topic import parse_topic
 from .transaction import AsyncTransaction
@@ -83,6 +83,7 @@ class AsyncClient:
         batching_max_allowed_size_in_bytes: int = 128 * 1024,
         batching_max_publish_delay_ms: int = 10,
         properties: dict[str, str] | None = None,
+        access_mode: ProducerAccessMode = ProducerAccessMode.Shared,
     ) -> AsyncProducer:
         """Create a producer; raises the broker's typed error if it refuses."""
         self._check()
@@ -102,6 +103,7 @@ class AsyncClient:
             batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
             batching_max_publish_delay_ms=batching_max_publish_delay_ms,
             properties=dict(properties or {}),
+            access_mode=ProducerAccessMode(access_mode),
         )
         p = AsyncProducer(self, name, conf)
         await p._start()  # noqa: SLF001

@@ -170,6 +170,11 @@ class Connection(asyncio.Protocol):
                 ),
                 timeout=self.operation_timeout,
             )
+        except ssl.SSLCertVerificationError as exc:
+            # Retrying cannot help: fail now instead of retrying until the operation timeout.
+            err = ConnectError(f"cannot connect to {self.address}: TLS certificate not trusted: {exc!r}")
+            err.retriable = False
+            raise err from exc
         except (TimeoutError, OSError, ssl.SSLError) as exc:
             raise ConnectError(f"cannot connect to {self.address}: {exc!r}") from exc
         connect_fields: dict[str, Any] = {

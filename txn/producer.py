@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from .backoff import Backoff
@@ -41,6 +42,15 @@ T = pb.BaseCommand
 _NO_TXN = TxnID(-1, -1)
 
 
+class ProducerAccessMode(IntEnum):
+    """Who may produce to the topic (names as in ``pulsar.ProducerAccessMode``)."""
+
+    Shared = 0
+    Exclusive = 1
+    WaitForExclusive = 2
+    ExclusiveWithFencing = 3
+
+
 @dataclass(slots=True)
 class ProducerConfig:
     """Producer settings; names follow ``pulsar.Client.create_producer``."""
@@ -57,6 +67,7 @@ class ProducerConfig:
     batching_max_allowed_size_in_bytes: int = 128 * 1024
     batching_max_publish_delay_ms: int = 10
     properties: dict[str, str] = field(default_factory=dict)
+    access_mode: ProducerAccessMode = ProducerAccessMode.Shared
 
 
 @dataclass(slots=True)
@@ -120,6 +131,7 @@ class _PartitionProducer:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._timeout_task: asyncio.Task[None] | None = None
         self._epoch = 0
+        self._topic_epoch: int | None = None
         self.max_message_size = 5 * 1024 * 1024
         self.last_sequence_id_published = -1
 
@@ -142,7 +154,10 @@ class _PartitionProducer:
             "epoch": self._epoch,
             "metadata": _kv(self.conf.properties),
             "txn_enabled": True,
+            "producer_access_mode": int(self.conf.access_mode),
         }
+        if self._topic_epoch is not None:
+            fields["topic_epoch"] = self._topic_epoch
         if self.producer_name:
             fields["producer_name"] = self.producer_name
             fields["user_provided_producer_name"] = self._user_named
@@ -157,6 +172,8 @@ class _PartitionProducer:
             raise
         ok = resp.producer_success
         self.producer_name = ok.producer_name
+        if ok.HasField("topic_epoch"):
+            self._topic_epoch = ok.topic_epoch
         self._conn = conn
         self.max_message_size = conn.max_message_size
         if self._seq < 0:

@@ -1,0 +1,143 @@
+"""Producer names and sequence ids, broker deduplication, access modes and fencing,
+send timeouts and keep-alive, on a real broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pulsar
+import pytest
+
+import txn
+from txn.localbroker import create_namespace, enable_namespace_dedup
+
+from peer import read_until_sentinel
+
+
+@pytest.fixture
+def client(broker):
+    c = txn.Client(broker.service_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def dedup_ns(broker):
+    ns = f"public/dd-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    enable_namespace_dedup(broker.admin_url, ns)
+    return ns
+
+
+def _read_all(broker, topic: str) -> list[bytes]:
+    oc = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    r = oc.subscribe(topic, f"check-{uuid.uuid4().hex[:6]}", initial_position=pulsar.InitialPosition.Earliest)
+    got = [m.data() for m in read_until_sentinel(oc, r, topic)]
+    oc.close()
+    return got
+
+
+def test_named_producer_resumes_sequence_and_dedup_drops_repeats(client, broker, dedup_ns):
+    topic = f"persistent://{dedup_ns}/seq"
+    p = client.create_producer(topic, producer_name="writer-1", batching_enabled=False)
+    assert p.producer_name() == "writer-1"
+    for i in range(3):
+        p.send(f"m{i}".encode())
+    assert p.last_sequence_id() == 2
+    p.close()
+    # Same name again: the broker remembers the last sequence id and we continue after it.
+    p2 = client.create_producer(topic, producer_name="writer-1", batching_enabled=False)
+    assert p2.last_sequence_id() == 2
+    p2.send(b"m3")
+    assert p2.last_sequence_id() == 3
+    # A repeat of an already stored sequence id is dropped by broker deduplication.
+    p2.send(b"m1-again", sequence_id=1)
+    p2.close()
+    assert _read_all(broker, topic) == [b"m0", b"m1", b"m2", b"m3"]
+
+
+def test_batched_sequence_ids_and_dedup(client, broker, dedup_ns):
+    topic = f"persistent://{dedup_ns}/batched"
+    p = client.create_producer(topic, producer_name="bw", batching_max_publish_delay_ms=50)
+    for i in range(10):
+        p.send_async(f"b{i}".encode(), None)
+    p.flush()
+    assert p.last_sequence_id() == 9
+    p.close()
+    got = []
+    c = client.subscribe(topic, "s", initial_position=txn.InitialPosition.Earliest)
+    for _ in range(10):
+        m = c.receive(10000)
+        got.append((m.data(), m.sequence_id(), m.producer_name()))
+    assert got == [(f"b{i}".encode(), i, "bw") for i in range(10)]
+
+
+def test_exclusive_with_fencing_fences_the_old_producer(client, broker, topic):
+    old = client.create_producer(topic, access_mode=txn.ProducerAccessMode.ExclusiveWithFencing,
+                                 batching_enabled=False)
+    old.send(b"from-old")
+    new = client.create_producer(topic, access_mode=txn.ProducerAccessMode.ExclusiveWithFencing,
+                                 batching_enabled=False)
+    new.send(b"from-new")
+    deadline = time.monotonic() + 20
+    err = None
+    while time.monotonic() < deadline:
+        try:
+            old.send(b"zombie")
+        except txn.ProducerFenced as exc:
+            err = exc
+            break
+        except txn.PulsarError:
+            time.sleep(0.2)
+    assert isinstance(err, txn.ProducerFenced)
+    assert err.topic == topic
+    assert "epoch" in err.message  # the broker's own reason: the topic epoch moved on
+    new.close()  # release exclusive access so the checker's sentinel can be written
+    assert _read_all(broker, topic) == [b"from-old", b"from-new"]
+
+
+def test_exclusive_producer_rejects_a_second_one(client, topic):
+    client.create_producer(topic, access_mode=txn.ProducerAccessMode.Exclusive)
+    with pytest.raises(txn.ProducerFenced, match="existing exclusive producer") as ei:
+        client.create_producer(topic, access_mode=txn.ProducerAccessMode.Exclusive)
+    assert ei.value.topic == topic
+
+
+def test_send_timeout_with_a_paused_broker(broker, topic):
+    if broker.local is None:
+        pytest.skip("pausing the broker needs the broker this suite started")
+    c = txn.Client(broker.service_url, operation_timeout_seconds=10)
+    p = c.create_producer(topic, send_timeout_millis=1500, batching_enabled=False)
+    p.send(b"before")
+    results = []
+    pid = broker.local.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(txn.Timeout) as ei:
+            p.send(b"during")
+        elapsed = time.monotonic() - t0
+        p.send_async(b"during-async", lambda r, mid: results.append(r))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert ei.value.topic == topic
+    assert 1.0 <= elapsed < 10
+    deadline = time.monotonic() + 20
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert results and results[0] in (txn.Result.Timeout, txn.Result.Ok)
+    c.close()
+
+
+def test_keepalive_keeps_an_idle_connection(broker, topic):
+    c = txn.Client(broker.service_url, keep_alive_interval_seconds=1)
+    p = c.create_producer(topic, batching_enabled=False)
+    conn = p._inner._parts[0]._conn  # noqa: SLF001
+    time.sleep(3.5)  # idle for more than two keep-alive intervals: pings answered by pongs
+    assert not conn.closed
+    p.send(b"still-here")
+    assert p._inner._parts[0]._conn is conn  # noqa: SLF001
+    c.close()
