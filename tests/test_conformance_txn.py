@@ -7,10 +7,11 @@ import time
 
 import pulsar
 import pytest
-from peer import assert_nothing, read_n, read_until_sentinel
 
 import txn
 from txn.localbroker import create_partitioned_topic
+
+from peer import assert_nothing, read_n, read_until_sentinel
 
 
 @pytest.fixture

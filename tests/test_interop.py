@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pulsar
 import pytest
-from peer import read_n
 
 import txn
+
+from peer import read_n
 
 CODECS = ["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"]
 
