@@ -577,6 +577,15 @@ class AsyncConsumer:
         txn.record_ack(sub, mids, cumulative)
         await fut
 
+    async def acknowledge_many(self, messages: list[Message], txn: AsyncTransaction) -> None:
+        """Acknowledge ``messages`` inside ``txn``: one request per topic/partition, concurrently."""
+        self._check()
+        groups: dict[_TopicConsumer, list[MessageId]] = {}
+        for m in messages:
+            sub, mid = self._sub_for(m)
+            groups.setdefault(sub, []).append(mid)
+        await asyncio.gather(*(self._txn_ack(sub, mids, txn, False) for sub, mids in groups.items()))
+
     def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
         """Redeliver this message after ``negative_ack_redelivery_delay_ms``."""
         self._check()

@@ -1,0 +1,563 @@
+"""``Processor``: consume → transform → produce, exactly once, one transaction per batch.
+
+For each batch (closed at ``batch_max_messages`` or ``batch_max_delay_ms``):
+
+1. open a transaction and write a ``STARTED`` ledger record (outside it);
+2. run the handler on every message (sync handlers off the event loop);
+3. produce the outputs in the transaction and wait for their receipts;
+4. acknowledge the inputs and write the ``COMMITTED`` record, both in the transaction;
+5. commit. Steps 4–5 run in the background so the next batch is already being read and
+   transformed ("pipelined"), with at most ``max_inflight_commits`` commits outstanding.
+
+The handler raising (or an output the broker refuses for good, such as an oversize message)
+aborts the batch's transaction before anything is acknowledged, writes an ``ABORTED`` record,
+and the batch is retried from the copy in memory. After ``max_attempts`` consecutive aborts the
+batch is split in halves and each half retried, down to the failing message(s), which are then
+*parked*: one transaction acknowledges them from the input, produces them to the parking topic
+(``<input>-parked``) with the error, attempt count and batch id, and writes a ``PARKED`` record.
+
+Broker-side failures (a conflict with a zombie instance's pending acks, a timed-out transaction,
+a lost connection) abort the transaction; its acknowledgements are undone and the broker
+redelivers the inputs, which are then processed again in a later batch. Whatever happens, an
+input's acknowledgement and its outputs commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from ..backoff import Backoff
+from ..client import AsyncClient
+from ..consumer import AsyncConsumer, ConsumerType, InitialPosition
+from ..errors import (
+    InvalidTopicName,
+    MessageTooBig,
+    NotAllowed,
+    PulsarError,
+    Timeout,
+    TopicNotFound,
+    TransactionError,
+)
+from ..message import Message
+from ..producer import AsyncProducer
+from ..topic import parse_topic
+from ..transaction import AsyncTransaction
+from .ledger import LedgerRecord, default_ledger_topic, now_ms
+from .output import Output, handler_spec, is_async, normalise
+
+log = logging.getLogger("txn.processor")
+
+#: Property names the processor adds to parked messages.
+PARK_ERROR = "pulsar-txn.error"
+PARK_ATTEMPTS = "pulsar-txn.attempts"
+PARK_BATCH = "pulsar-txn.batch_id"
+PARK_JOB = "pulsar-txn.job"
+PARK_SOURCE_TOPIC = "pulsar-txn.source_topic"
+PARK_SOURCE_ID = "pulsar-txn.source_message_id"
+PARK_PROPS = (PARK_ERROR, PARK_ATTEMPTS, PARK_BATCH, PARK_JOB, PARK_SOURCE_TOPIC, PARK_SOURCE_ID)
+
+_PERMANENT_SEND_ERRORS = (MessageTooBig, InvalidTopicName, TopicNotFound, NotAllowed, TypeError, ValueError)
+
+
+class _Transient(Exception):
+    """A broker-side failure before anything was acknowledged: retry the same batch later."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class BatchFailed(Exception):
+    """The handler (or a permanent send failure) failed a batch; carries the failing message."""
+
+    def __init__(self, cause: BaseException, message: Message | None) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.message = message
+
+
+@dataclass(slots=True)
+class ProcessorConfig:
+    """Settings of a :class:`Processor`."""
+
+    inputs: list[str]
+    output: str
+    subscription: str
+    job: str = "job"
+    batch_max_messages: int = 100
+    batch_max_delay_ms: int = 100
+    max_attempts: int = 3
+    txn_timeout_ms: int = 60000
+    max_inflight_commits: int = 2
+    consumer_type: ConsumerType = ConsumerType.Shared
+    initial_position: InitialPosition = InitialPosition.Earliest
+    ledger_topic: str | None = None
+    parking_suffix: str = "-parked"
+    receiver_queue_size: int = 1000
+    progress_interval_s: float = 5.0
+    handler_spec: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ProcessorStats:
+    """Counters, updated as batches complete."""
+
+    batches: int = 0
+    messages: int = 0
+    outputs: int = 0
+    aborts: int = 0
+    parked: int = 0
+    commit_ms_total: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, job: str, inflight: int) -> str:
+        el = max(time.monotonic() - self.started, 1e-9)
+        avg = self.commit_ms_total / self.batches if self.batches else 0.0
+        return (
+            f"[{job}] batches={self.batches} messages={self.messages} outputs={self.outputs} "
+            f"txn/s={self.batches / el:.1f} msg/s={self.messages / el:.0f} aborts={self.aborts} "
+            f"parked={self.parked} inflight={inflight} avg_commit_ms={avg:.1f}"
+        )
+
+
+class AsyncProcessor:
+    """The asyncio processor. Build it with :func:`create_processor` or construct and ``await start()``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        handler: Callable[[Message], Any],
+        config: ProcessorConfig,
+        progress: TextIO | None = None,
+    ) -> None:
+        if not config.inputs:
+            raise ValueError("a processor needs at least one input topic")
+        if config.batch_max_messages <= 0 or config.batch_max_delay_ms <= 0:
+            raise ValueError("batch_max_messages and batch_max_delay_ms must be positive")
+        if config.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.client = client
+        self.handler = handler
+        self.config = config
+        self.inputs = [str(parse_topic(t)) for t in config.inputs]
+        self.output = str(parse_topic(config.output))
+        self.ledger_topic = str(parse_topic(config.ledger_topic or default_ledger_topic(self.output)))
+        self.config.handler_spec = config.handler_spec or handler_spec(handler)
+        self.stats = ProcessorStats()
+        self.instance = uuid.uuid4().hex[:8]
+        self._seq = 0
+        self._consumer: AsyncConsumer | None = None
+        self._producers: dict[str, AsyncProducer] = {}
+        self._producer_locks: dict[str, asyncio.Lock] = {}
+        self._ledger: AsyncProducer | None = None
+        self._stopping = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max(1, config.max_inflight_commits))
+        self._progress = progress
+        self._async_handler = is_async(handler)
+        self.fatal: BaseException | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Subscribe to the inputs and create the ledger producer."""
+        c = self.config
+        self._consumer = await self.client.subscribe(
+            self.inputs,
+            c.subscription,
+            consumer_type=c.consumer_type,
+            initial_position=c.initial_position,
+            receiver_queue_size=c.receiver_queue_size,
+        )
+        self._ledger = await self.client.create_producer(
+            self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
+        )
+        await self._producer(self.output)
+
+    def stop(self) -> None:
+        """Ask the run loop to finish the batch in flight and return."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def _producer(self, topic: str) -> AsyncProducer:
+        p = self._producers.get(topic)
+        if p is not None:
+            return p
+        lock = self._producer_locks.setdefault(topic, asyncio.Lock())
+        async with lock:
+            p = self._producers.get(topic)
+            if p is None:
+                p = await self.client.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=1)
+                self._producers[topic] = p
+        return p
+
+    async def close(self) -> None:
+        """Wait for commits in flight, then close producers and the consumer."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        for p in list(self._producers.values()) + ([self._ledger] if self._ledger else []):
+            await p.close()
+        if self._consumer is not None:
+            await self._consumer.close()
+
+    # ---------------------------------------------------------------------- loop
+
+    async def run(self, max_batches: int | None = None, idle_exit_ms: int | None = None) -> ProcessorStats:
+        """Process batches until :meth:`stop` (or ``max_batches``, or ``idle_exit_ms`` without input)."""
+        assert self._consumer is not None, "call start() first"
+        last_progress = time.monotonic()
+        idle_since = time.monotonic()
+        done = 0
+        try:
+            while not self._stopping.is_set():
+                if self.fatal is not None:
+                    raise self.fatal
+                batch = await self._collect()
+                now = time.monotonic()
+                if self._progress is not None and now - last_progress >= self.config.progress_interval_s:
+                    print(self.stats.line(self.config.job, len(self._inflight)), file=self._progress, flush=True)
+                    last_progress = now
+                if not batch:
+                    if idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight:
+                        break
+                    continue
+                idle_since = now
+                await self._process(batch, self._new_batch_id())
+                done += 1
+                if max_batches is not None and done >= max_batches:
+                    break
+        finally:
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            if self._progress is not None:
+                print(self.stats.line(self.config.job, 0), file=self._progress, flush=True)
+        if self.fatal is not None:
+            raise self.fatal
+        return self.stats
+
+    async def _collect(self) -> list[Message]:
+        assert self._consumer is not None
+        c = self.config
+        batch: list[Message] = []
+        deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
+        while len(batch) < c.batch_max_messages and not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await self._consumer.receive(timeout_millis=max(1, int(left * 1000))))
+            except Timeout:
+                break
+        return batch
+
+    def _new_batch_id(self) -> str:
+        self._seq += 1
+        return f"{self.config.job}:{self.instance}:{self._seq}"
+
+    # ------------------------------------------------------------------- batches
+
+    async def _process(self, msgs: list[Message], batch_id: str, root: str | None = None) -> None:
+        """Run one batch to a commit, retrying, narrowing and parking as needed."""
+        root = root or batch_id
+        attempt = 0
+        backoff = Backoff(0.2, 5.0)
+        while True:
+            attempt += 1
+            try:
+                await self._attempt(msgs, batch_id, attempt)
+                return
+            except _Transient as exc:
+                # Not the batch's fault (broker restart, lost connection, coordinator busy):
+                # keep the batch and try again; this does not count towards parking.
+                self.stats.aborts += 1
+                attempt -= 1
+                if self._stopping.is_set():
+                    log.warning("stopping with batch %s unfinished (%s); the broker redelivers it", batch_id,
+                                exc.cause)
+                    return
+                delay = backoff.next()
+                log.warning("batch %s hit a broker-side failure (%s); retrying in %.1fs", batch_id, exc.cause, delay)
+                await asyncio.sleep(delay)
+                continue
+            except BatchFailed as failure:
+                self.stats.aborts += 1
+                if attempt < self.config.max_attempts:
+                    continue
+                if len(msgs) > 1:
+                    half = len(msgs) // 2
+                    log.warning("batch %s failed %d times (%s); narrowing %d messages", batch_id, attempt,
+                                failure, len(msgs))
+                    await self._process(msgs[:half], f"{batch_id}.0", root)
+                    await self._process(msgs[half:], f"{batch_id}.1", root)
+                    return
+                await self._park(msgs[0], failure, attempt, root)
+                return
+
+    async def _attempt(self, msgs: list[Message], batch_id: str, attempt: int) -> None:
+        c = self.config
+        try:
+            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        except PulsarError as exc:
+            raise _Transient(exc) from exc
+        started = now_ms()
+        inputs: dict[str, list[str]] = {}
+        for m in msgs:
+            inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
+        await self._record(
+            LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, inputs, started_at_ms=started,
+                         config=self._record_config())
+        )
+        try:
+            outputs = await self._transform(msgs)
+            counts = await self._produce(outputs, t)
+        except BatchFailed as failure:
+            await self._abort(t, batch_id, attempt, inputs, started, failure)
+            raise
+        except PulsarError as exc:
+            # A broker-side failure before any ack: nothing was acknowledged, so retry the batch.
+            await self._abort(t, batch_id, attempt, inputs, started, exc)
+            raise _Transient(exc) from exc
+        await self._slots.acquire()
+        task = asyncio.get_running_loop().create_task(
+            self._finish(t, msgs, batch_id, attempt, inputs, counts, started)
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _transform(self, msgs: list[Message]) -> list[tuple[Message, list[Output]]]:
+        if self._async_handler:
+            out = []
+            for m in msgs:
+                try:
+                    out.append((m, normalise(await self.handler(m))))
+                except Exception as exc:  # the handler's failure fails the batch
+                    raise BatchFailed(exc, m) from exc
+            return out
+
+        def run_all() -> list[tuple[Message, list[Output]]]:
+            res = []
+            for m in msgs:
+                try:
+                    res.append((m, normalise(self.handler(m))))
+                except Exception as exc:
+                    raise BatchFailed(exc, m) from exc
+            return res
+
+        return await asyncio.get_running_loop().run_in_executor(None, run_all)
+
+    async def _produce(self, outputs: list[tuple[Message, list[Output]]], t: AsyncTransaction) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        futs: list[tuple[Message, asyncio.Future[Any]]] = []
+        for m, outs in outputs:
+            for o in outs:
+                topic = o.topic or self.output
+                try:
+                    p = await self._producer(topic)
+                    f = await p.send_async(o.content, properties=o.properties, partition_key=o.partition_key, txn=t)
+                except _PERMANENT_SEND_ERRORS as exc:
+                    raise BatchFailed(exc, m) from exc
+                futs.append((m, f))
+                counts[topic] = counts.get(topic, 0) + 1
+        for p in self._producers.values():
+            for part in p._parts:  # noqa: SLF001 - flush open batches now
+                part.flush_now()
+        for m, f in futs:
+            try:
+                await f
+            except _PERMANENT_SEND_ERRORS as exc:
+                raise BatchFailed(exc, m) from exc
+        return counts
+
+    async def _finish(
+        self,
+        t: AsyncTransaction,
+        msgs: list[Message],
+        batch_id: str,
+        attempt: int,
+        inputs: dict[str, list[str]],
+        counts: dict[str, int],
+        started: int,
+    ) -> None:
+        c = self.config
+        t0 = time.monotonic()
+        try:
+            assert self._consumer is not None and self._ledger is not None
+            ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
+            rec = LedgerRecord("COMMITTED", c.job, batch_id, str(t.id), attempt, inputs, counts,
+                               started_at_ms=started, ended_at_ms=now_ms())
+            await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            await ack
+            await t.commit()
+            self.stats.batches += 1
+            self.stats.messages += len(msgs)
+            self.stats.outputs += sum(counts.values())
+            self.stats.commit_ms_total += (time.monotonic() - t0) * 1000
+        except (PulsarError, TransactionError) as exc:
+            self.stats.aborts += 1
+            log.warning("batch %s (txn %s) did not commit: %s; the broker redelivers its inputs",
+                        batch_id, t.id, exc)
+            await self._abort(t, batch_id, attempt, inputs, started, exc)
+        except BaseException as exc:  # a bug: stop the processor rather than lose track
+            self.fatal = exc
+            raise
+        finally:
+            self._slots.release()
+
+    async def _abort(
+        self,
+        t: AsyncTransaction,
+        batch_id: str,
+        attempt: int,
+        inputs: dict[str, list[str]],
+        started: int,
+        error: BaseException,
+    ) -> None:
+        if t.state.value in ("OPEN", "TIMED_OUT"):
+            try:
+                await t.abort()
+            except PulsarError as exc:
+                log.warning("abort of %s failed (the broker's timeout aborts it): %s", t.id, exc)
+        await self._record(
+            LedgerRecord("ABORTED", self.config.job, batch_id, str(t.id), attempt, inputs,
+                         started_at_ms=started, ended_at_ms=now_ms(), error=_err(error))
+        )
+
+    async def _park(self, m: Message, failure: BatchFailed, attempts: int, batch_id: str) -> None:
+        """Move a poison message to the parking topic, atomically with its ack."""
+        c = self.config
+        assert self._consumer is not None and self._ledger is not None
+        source = parse_topic(m.topic_name()).base
+        parked_topic = source + c.parking_suffix
+        props = {k: v for k, v in m.properties().items() if k not in PARK_PROPS}
+        props.update({
+            PARK_ERROR: _err(failure.cause),
+            PARK_ATTEMPTS: str(attempts),
+            PARK_BATCH: batch_id,
+            PARK_JOB: c.job,
+            PARK_SOURCE_TOPIC: m.topic_name(),
+            PARK_SOURCE_ID: str(m.message_id()),
+        })
+        started = now_ms()
+        while True:
+            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            try:
+                p = await self._producer(parked_topic)
+                await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None, txn=t)
+                await self._consumer.acknowledge_many([m], t)
+                rec = LedgerRecord(
+                    "PARKED", c.job, batch_id, str(t.id), attempts, {m.topic_name(): [str(m.message_id())]},
+                    {parked_topic: 1}, started_at_ms=started, ended_at_ms=now_ms(), error=_err(failure.cause),
+                    parked_topic=parked_topic, config=self._record_config(),
+                )
+                await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+                await t.commit()
+                self.stats.parked += 1
+                log.warning("parked message %s of batch %s on %s: %s", m.message_id(), batch_id, parked_topic,
+                            failure)
+                return
+            except (PulsarError, TransactionError) as exc:
+                log.warning("parking %s failed (%s); the broker redelivers it", m.message_id(), exc)
+                if t.state.value == "OPEN":
+                    try:
+                        await t.abort()
+                    except PulsarError:
+                        pass
+                return
+
+    async def _record(self, rec: LedgerRecord) -> None:
+        assert self._ledger is not None
+        try:
+            await self._ledger.send(rec.to_json(), partition_key=rec.batch_id)
+        except PulsarError as exc:  # STARTED/ABORTED are informative; the outcome does not depend on them
+            log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
+
+    def _record_config(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "handler": c.handler_spec,
+            "output": self.output,
+            "inputs": self.inputs,
+            "subscription": c.subscription,
+            "parking_suffix": c.parking_suffix,
+            "ledger_topic": self.ledger_topic,
+        }
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Processor:
+    """Blocking facade: ``Processor(service_url, inputs, output, subscription, handler, ...).run()``.
+
+    ``run()`` processes until SIGTERM/SIGINT (or :meth:`stop`), then finishes the batch in
+    flight and returns the stats.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        inputs: list[str] | str,
+        output: str,
+        subscription: str,
+        handler: Callable[[Message], Any],
+        *,
+        job: str = "job",
+        batch_max_messages: int = 100,
+        batch_max_delay_ms: int = 100,
+        progress: TextIO | None = sys.stderr,
+        client_kwargs: dict[str, Any] | None = None,
+        **config: Any,
+    ) -> None:
+        self.service_url = service_url
+        self.client_kwargs = client_kwargs or {}
+        self.config = ProcessorConfig(
+            inputs=[inputs] if isinstance(inputs, str) else list(inputs),
+            output=output,
+            subscription=subscription,
+            job=job,
+            batch_max_messages=batch_max_messages,
+            batch_max_delay_ms=batch_max_delay_ms,
+            **config,
+        )
+        self.handler = handler
+        self.progress = progress
+        self._inner: AsyncProcessor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def stop(self) -> None:
+        """Ask the processor to stop after the batch in flight (thread-safe)."""
+        if self._loop is not None and self._inner is not None:
+            self._loop.call_soon_threadsafe(self._inner.stop)
+
+    def run(self, max_batches: int | None = None, idle_exit_ms: int | None = None,
+            install_signal_handlers: bool = True) -> ProcessorStats:
+        """Run until stopped; returns the final stats."""
+        return asyncio.run(self._main(max_batches, idle_exit_ms, install_signal_handlers))
+
+    async def _main(self, max_batches: int | None, idle_exit_ms: int | None, signals: bool) -> ProcessorStats:
+        self._loop = asyncio.get_running_loop()
+        async with AsyncClient(self.service_url, **self.client_kwargs) as client:
+            proc = AsyncProcessor(client, self.handler, self.config, self.progress)
+            self._inner = proc
+            if signals and os.name == "posix":
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.add_signal_handler(sig, proc.stop)
+            await proc.start()
+            try:
+                return await proc.run(max_batches=max_batches, idle_exit_ms=idle_exit_ms)
+            finally:
+                await proc.close()

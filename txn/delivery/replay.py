@@ -1,0 +1,168 @@
+"""Exactly-once replay of a parked batch.
+
+One transaction acknowledges the batch's messages on the parking topic (subscription
+``pulsar-txn-replay``), produces the handler's outputs, and writes a ``REPLAYED`` ledger record.
+A batch that already has a ``REPLAYED`` record is not replayed again; two concurrent replays
+of one batch conflict on the parked messages' acks, so at most one commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client import AsyncClient
+from ..consumer import ConsumerType, InitialPosition
+from ..errors import PulsarError, Timeout
+from ..message import Message
+from ..topic import parse_topic
+from .ledger import LedgerRecord, LedgerSchemaError, now_ms
+from .output import load_handler, normalise
+from .processor import PARK_BATCH, PARK_PROPS, PARK_SOURCE_TOPIC
+
+REPLAY_SUBSCRIPTION = "pulsar-txn-replay"
+
+
+class ReplayError(Exception):
+    """The batch cannot be replayed (unknown, not parked, no handler...)."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay did."""
+
+    batch_id: str
+    replayed: bool
+    message: str
+    txn_id: str | None = None
+    messages: int = 0
+    outputs: dict[str, int] = field(default_factory=dict)
+
+
+async def read_ledger(client: AsyncClient, ledger_topic: str, idle_ms: int = 1500) -> list[LedgerRecord]:
+    """Every record in ``ledger_topic``, oldest first (read with a throwaway subscription)."""
+    sub = f"pulsar-txn-scan-{uuid.uuid4().hex[:8]}"
+    c = await client.subscribe(ledger_topic, sub, initial_position=InitialPosition.Earliest,
+                               consumer_type=ConsumerType.Exclusive)
+    out: list[LedgerRecord] = []
+    try:
+        while True:
+            try:
+                m = await c.receive(timeout_millis=idle_ms)
+            except Timeout:
+                break
+            try:
+                out.append(LedgerRecord.from_json(m.data()))
+            except LedgerSchemaError:
+                pass  # not ours (or a future schema): skip
+    finally:
+        await c.unsubscribe()
+    return out
+
+
+async def replay_batch(
+    client: AsyncClient,
+    batch_id: str,
+    ledger_topic: str,
+    handler: Callable[[Message], Any] | None = None,
+    output: str | None = None,
+    timeout_ms: int = 60000,
+    idle_ms: int = 2000,
+) -> ReplayResult:
+    """Replay the parked messages of ``batch_id`` exactly once (see the module docs)."""
+    records = [r for r in await read_ledger(client, ledger_topic, idle_ms) if r.batch_id == batch_id]
+    if not records:
+        raise ReplayError(f"batch {batch_id!r} is not in the ledger {ledger_topic}")
+    done = [r for r in records if r.kind == "REPLAYED"]
+    if done:
+        return ReplayResult(batch_id, False, f"batch {batch_id} was already replayed in transaction {done[0].txn_id}; "
+                            "nothing to do", done[0].txn_id)
+    parked = [r for r in records if r.kind == "PARKED"]
+    if not parked:
+        kinds = ",".join(sorted({r.kind for r in records}))
+        raise ReplayError(f"batch {batch_id} has no parked messages (its records: {kinds}); aborted inputs go back "
+                          "to the subscription and are reprocessed automatically")
+    cfg = parked[-1].config
+    if handler is None:
+        spec = cfg.get("handler")
+        if not spec:
+            raise ReplayError(f"batch {batch_id}: the job's handler is not importable; pass one explicitly")
+        handler = load_handler(spec)
+    output = str(parse_topic(output or cfg.get("output") or ""))
+    topics = sorted({r.parked_topic for r in parked if r.parked_topic})
+    want = sum(sum(r.outputs.values()) for r in parked)
+    consumer = await client.subscribe(topics, REPLAY_SUBSCRIPTION, consumer_type=ConsumerType.Shared,
+                                      initial_position=InitialPosition.Earliest)
+    try:
+        msgs: list[Message] = []
+        deadline = time.monotonic() + timeout_ms / 1000
+        while len(msgs) < want and time.monotonic() < deadline:
+            try:
+                m = await consumer.receive(timeout_millis=idle_ms)
+            except Timeout:
+                break
+            if m.properties().get(PARK_BATCH) == batch_id:
+                msgs.append(m)
+        if not msgs:
+            raise ReplayError(f"batch {batch_id}: its parked messages are not on {topics} (already replayed?)")
+        t = await client.new_transaction(timeout_millis=timeout_ms)
+        counts: dict[str, int] = {}
+        producers: dict[str, Any] = {}
+        started = now_ms()
+        try:
+            for m in msgs:
+                original = _as_original(m)
+                for o in normalise(await asyncio.get_running_loop().run_in_executor(None, handler, original)):
+                    topic = o.topic or output
+                    if topic not in producers:
+                        producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
+                    await producers[topic].send_async(o.content, properties=o.properties,
+                                                      partition_key=o.partition_key, txn=t)
+                    counts[topic] = counts.get(topic, 0) + 1
+            await consumer.acknowledge_many(msgs, t)
+            inputs: dict[str, list[str]] = {}
+            for m in msgs:
+                inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
+            rec = LedgerRecord("REPLAYED", parked[-1].job, batch_id, str(t.id), 1, inputs, counts,
+                               started_at_ms=started, ended_at_ms=now_ms(), replay_of=batch_id, config=cfg)
+            ledger = await client.create_producer(ledger_topic)
+            await ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            await t.commit()
+            await ledger.close()
+        except BaseException:
+            if t.state.value == "OPEN":
+                try:
+                    await t.abort()
+                except PulsarError:
+                    pass
+            raise
+        finally:
+            for p in producers.values():
+                await p.close()
+        return ReplayResult(batch_id, True, f"replayed {len(msgs)} message(s) of batch {batch_id} in transaction "
+                            f"{t.id}", str(t.id), len(msgs), counts)
+    finally:
+        await consumer.close()
+
+
+def _as_original(m: Message) -> Message:
+    """The parked message as the handler first saw it: source topic, original properties."""
+    props = {k: v for k, v in m.properties().items() if k not in PARK_PROPS}
+    return Message(m.data(), props, m.message_id(), m.properties().get(PARK_SOURCE_TOPIC, m.topic_name()),
+                   m.partition_key() or None, m.publish_timestamp(), m.event_timestamp(), m.redelivery_count(),
+                   m.producer_name(), m.sequence_id(), None)
+
+
+def replay(service_url: str, batch_id: str, ledger_topic: str, handler: Callable[[Message], Any] | None = None,
+           output: str | None = None, **client_kwargs: Any) -> ReplayResult:
+    """Blocking form of :func:`replay_batch`."""
+
+    async def main() -> ReplayResult:
+        async with AsyncClient(service_url, **client_kwargs) as client:
+            return await replay_batch(client, batch_id, ledger_topic, handler, output)
+
+    return asyncio.run(main())
