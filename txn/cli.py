@@ -2,6 +2,8 @@
 
     pulsar-txn broker start|stop|status   run the local Pulsar standalone broker
     pulsar-txn demo                       end-to-end transactional example
+    pulsar-txn process ...                exactly-once consume -> transform -> produce
+    pulsar-txn replay --batch ID ...      replay a parked batch exactly once
 """
 
 from __future__ import annotations
@@ -58,6 +60,60 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(service_url, admin_url)
 
 
+def cmd_process(args: argparse.Namespace) -> int:
+    import logging
+
+    from .delivery.output import load_handler
+    from .delivery.processor import Processor
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = load_handler(args.handler)
+    extra = {}
+    if args.ledger_topic:
+        extra["ledger_topic"] = args.ledger_topic
+    proc = Processor(
+        args.service_url,
+        args.input,
+        args.output,
+        args.subscription,
+        handler,
+        job=args.job or args.subscription,
+        batch_max_messages=args.batch_max_messages,
+        batch_max_delay_ms=args.batch_max_delay_ms,
+        max_attempts=args.max_attempts,
+        txn_timeout_ms=args.txn_timeout_ms,
+        progress_interval_s=args.progress_interval,
+        handler_spec=args.handler,
+        **extra,
+    )
+    print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
+          f"(subscription {args.subscription!r}); SIGTERM or Ctrl-C stops after the batch in flight",
+          file=sys.stderr, flush=True)
+    stats = proc.run(idle_exit_ms=args.exit_when_idle_ms)
+    print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.aborts} aborts, "
+          f"{stats.parked} parked", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .delivery.ledger import default_ledger_topic
+    from .delivery.output import load_handler
+    from .delivery.replay import ReplayError, replay
+
+    ledger = args.ledger_topic or default_ledger_topic(args.output or "persistent://public/default/x")
+    handler = load_handler(args.handler) if args.handler else None
+    try:
+        res = replay(args.service_url, args.batch, ledger, handler=handler, output=args.output)
+    except ReplayError as exc:
+        print(f"cannot replay: {exc}", file=sys.stderr)
+        return 1
+    print(res.message)
+    if res.replayed:
+        for topic, n in sorted(res.outputs.items()):
+            print(f"  {n} output(s) -> {topic}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pulsar-txn", description="Exactly-once processing on Apache Pulsar")
     sub = p.add_subparsers(dest="command", required=True)
@@ -80,12 +136,36 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--admin-url", default=None, help="admin REST URL of --service-url's broker")
     broker_opts(d)
     d.set_defaults(func=cmd_demo)
+
+    pr = sub.add_parser("process", help="exactly-once consume -> transform -> produce, one transaction per batch")
+    pr.add_argument("--service-url", required=True)
+    pr.add_argument("--input", action="append", required=True, help="input topic (repeat for several)")
+    pr.add_argument("--output", required=True, help="default output topic")
+    pr.add_argument("--subscription", required=True)
+    pr.add_argument("--handler", required=True, help="module:function, called with each message")
+    pr.add_argument("--job", default=None, help="job name in the ledger (default: the subscription)")
+    pr.add_argument("--batch-max-messages", type=int, default=100)
+    pr.add_argument("--batch-max-delay-ms", type=int, default=100)
+    pr.add_argument("--max-attempts", type=int, default=3, help="aborts before a batch is narrowed / parked")
+    pr.add_argument("--txn-timeout-ms", type=int, default=60000)
+    pr.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in the output's namespace")
+    pr.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    pr.add_argument("--exit-when-idle-ms", type=int, default=None, help="exit after this long without input")
+    pr.set_defaults(func=cmd_process)
+
+    rp = sub.add_parser("replay", help="replay a parked batch exactly once")
+    rp.add_argument("--service-url", required=True)
+    rp.add_argument("--batch", required=True, help="batch id (from the ledger / the PARKED record)")
+    rp.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in --output's namespace")
+    rp.add_argument("--handler", default=None, help="module:function (default: the job's, from the ledger)")
+    rp.add_argument("--output", default=None, help="output topic (default: the job's, from the ledger)")
+    rp.set_defaults(func=cmd_replay)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "service_url", None) and not getattr(args, "admin_url", None):
+    if args.command == "demo" and args.service_url and not args.admin_url:
         print("--admin-url is required with --service-url", file=sys.stderr)
         return 2
     try:

@@ -131,6 +131,7 @@ class _PartitionProducer:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._timeout_task: asyncio.Task[None] | None = None
         self._epoch = 0
+        self.reconnects = 0  # re-creations after the first: a resend may have happened
         self._topic_epoch: int | None = None
         self.max_message_size = 5 * 1024 * 1024
         self.last_sequence_id_published = -1
@@ -182,6 +183,8 @@ class _PartitionProducer:
             else:
                 self._seq = ok.last_sequence_id + 1 if ok.last_sequence_id >= 0 else 0
         self.last_sequence_id_published = ok.last_sequence_id
+        if self._epoch > 0:
+            self.reconnects += 1
         # Re-send what was not confirmed, in order, with the same sequence ids.
         for op in self._pending:
             conn.write(op.frame)
@@ -639,6 +642,10 @@ class AsyncProducer:
         self._closed = True
         await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
         self._client._forget(self)  # noqa: SLF001
+
+    def reconnect_count(self) -> int:
+        """How many times partitions re-created themselves on the broker (each may have re-sent frames)."""
+        return sum(p.reconnects for p in self._parts)
 
     def is_connected(self) -> bool:
         """True when every partition has a live broker connection."""

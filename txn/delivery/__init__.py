@@ -6,3 +6,30 @@
 - :mod:`.reliable_producer`, :mod:`.outbox`: publisher confirms and a durable outbox
 - :mod:`.dedup`: a deduplicating receiver for side effects outside Pulsar
 """
+
+from .dedup import DedupReceiver, DedupStats, Outcome
+from .dedup_store import DedupStore, PostgresDedupStore, SqliteDedupStore, open_store
+from .ledger import LedgerRecord
+from .output import Output
+from .processor import AsyncProcessor, Processor, ProcessorConfig, ProcessorStats
+from .replay import ReplayError, ReplayResult, replay, replay_batch
+
+__all__ = [
+    "AsyncProcessor",
+    "DedupReceiver",
+    "DedupStats",
+    "DedupStore",
+    "LedgerRecord",
+    "Outcome",
+    "Output",
+    "PostgresDedupStore",
+    "Processor",
+    "ProcessorConfig",
+    "ProcessorStats",
+    "ReplayError",
+    "ReplayResult",
+    "SqliteDedupStore",
+    "open_store",
+    "replay",
+    "replay_batch",
+]

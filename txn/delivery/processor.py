@@ -312,6 +312,7 @@ class AsyncProcessor:
             t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
         except PulsarError as exc:
             raise _Transient(exc) from exc
+        generation = self._generation()
         started = now_ms()
         inputs: dict[str, list[str]] = {}
         for m in msgs:
@@ -332,7 +333,7 @@ class AsyncProcessor:
             raise _Transient(exc) from exc
         await self._slots.acquire()
         task = asyncio.get_running_loop().create_task(
-            self._finish(t, msgs, batch_id, attempt, inputs, counts, started)
+            self._finish(t, msgs, batch_id, attempt, inputs, counts, started, generation)
         )
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -390,6 +391,7 @@ class AsyncProcessor:
         inputs: dict[str, list[str]],
         counts: dict[str, int],
         started: int,
+        generation: int,
     ) -> None:
         c = self.config
         t0 = time.monotonic()
@@ -398,8 +400,17 @@ class AsyncProcessor:
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
             rec = LedgerRecord("COMMITTED", c.job, batch_id, str(t.id), attempt, inputs, counts,
                                started_at_ms=started, ended_at_ms=now_ms())
-            await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            for part in self._ledger._parts:  # noqa: SLF001 - send the record now
+                part.flush_now()
+            await receipt
             await ack
+            if self._generation() != generation:
+                # A producer reconnected during this transaction and may have re-sent a frame
+                # the broker had already stored; without broker dedup that could duplicate an
+                # output inside the transaction. Abort: the inputs come back and are redone.
+                raise TransactionError("a producer reconnected during the transaction; aborting to stay exactly-once",
+                                       txn_id=t.id)
             await t.commit()
             self.stats.batches += 1
             self.stats.messages += len(msgs)
@@ -483,6 +494,10 @@ class AsyncProcessor:
             await self._ledger.send(rec.to_json(), partition_key=rec.batch_id)
         except PulsarError as exc:  # STARTED/ABORTED are informative; the outcome does not depend on them
             log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
+
+    def _generation(self) -> int:
+        ps = list(self._producers.values()) + ([self._ledger] if self._ledger else [])
+        return sum(p.reconnect_count() for p in ps)
 
     def _record_config(self) -> dict[str, Any]:
         c = self.config

@@ -1,0 +1,41 @@
+"""Chaos: kill -9, broker restart and a zombie, and still exactly once.
+
+The short run is part of the default suite; ``--run-slow`` adds the long one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos import run_chaos
+
+
+def _check(res):
+    assert res.sent > 0
+    assert res.lost == 0, res.summary()
+    assert res.duplicated == 0, res.summary()
+    assert res.distinct == res.sent, res.summary()
+    assert res.out == res.sent, res.summary()
+    # The ledger's COMMITTED records account for every output and every input, once.
+    assert res.committed_outputs == res.out, res.summary()
+    assert res.committed_inputs == res.sent, res.summary()
+    assert res.inputs_committed_twice == 0, res.summary()
+
+
+def test_chaos_short(broker, tmp_path):
+    if broker.local is None:
+        pytest.skip("the chaos run restarts the broker: it needs the broker this suite started")
+    res = run_chaos(broker, tmp_path / "chaos", n=2500, rate=150, kills=4, broker_restarts=1, zombies=1,
+                    time_limit_s=420)
+    assert (res.kills, res.broker_restarts, res.zombies) == (4, 1, 1)
+    _check(res)
+
+
+@pytest.mark.slow
+def test_chaos_long(broker, tmp_path):
+    if broker.local is None:
+        pytest.skip("the chaos run restarts the broker: it needs the broker this suite started")
+    res = run_chaos(broker, tmp_path / "chaos-long", n=30000, rate=400, kills=25, broker_restarts=3, zombies=3,
+                    seed=11, time_limit_s=2400)
+    assert (res.kills, res.broker_restarts, res.zombies) == (25, 3, 3)
+    _check(res)
