@@ -181,3 +181,35 @@ def test_ledger_record_round_trip():
         LedgerRecord.from_json(b'{"schema":"other/9"}')
     with pytest.raises(ValueError):
         LedgerRecord("BOGUS", "j", "b")
+
+
+def test_a_batch_never_holds_one_message_twice(broker, official, unique_name):
+    """Redelivered copies of messages still queued must not enter the same transaction twice."""
+    inp, out, ledger = _names(unique_name)
+    _fill(official, inp, [f"d{i}".encode() for i in range(5)])
+    reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)
+
+    async def main():
+        async with txn.AsyncClient(broker.service_url) as client:
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", ledger_topic=ledger,
+                                   batch_max_messages=50, batch_max_delay_ms=1500)
+            proc = AsyncProcessor(client, lambda m: m.data(), conf)
+            await proc.start()
+            deadline = asyncio.get_running_loop().time() + 20
+            while len(proc._consumer._queue) < 5 and asyncio.get_running_loop().time() < deadline:  # noqa: SLF001
+                await asyncio.sleep(0.1)
+            sub = proc._consumer._subs[0]  # noqa: SLF001
+            queued = list(proc._consumer._queue._dq)  # noqa: SLF001
+            sub.redeliver([m.message_id() for m in queued])  # the broker sends them again
+            while len(proc._consumer._queue) < 10 and asyncio.get_running_loop().time() < deadline:  # noqa: SLF001
+                await asyncio.sleep(0.1)
+            assert len(proc._consumer._queue) == 10  # noqa: SLF001 - two copies of each
+            batch = await proc._collect()  # noqa: SLF001
+            await proc._process(batch, "dup-test")  # noqa: SLF001
+            await proc.close()
+            return [m.data() for m in batch]
+
+    batch = asyncio.run(main())
+    assert sorted(batch) == [f"d{i}".encode() for i in range(5)]
+    assert sorted(m.data() for m in read_n(reader, 5)) == sorted(batch)
+    assert read_until_sentinel(official, reader, out) == []

@@ -581,8 +581,12 @@ class AsyncConsumer:
         """Acknowledge ``messages`` inside ``txn``: one request per topic/partition, concurrently."""
         self._check()
         groups: dict[_TopicConsumer, list[MessageId]] = {}
+        seen: set[MessageId] = set()
         for m in messages:
             sub, mid = self._sub_for(m)
+            if mid in seen:
+                continue  # one transaction must never carry the same ack twice
+            seen.add(mid)
             groups.setdefault(sub, []).append(mid)
         await asyncio.gather(*(self._txn_ack(sub, mids, txn, False) for sub, mids in groups.items()))
 

@@ -391,19 +391,23 @@ class _PartitionProducer:
     # ----------------------------------------------------------------- receipts
 
     def on_send_receipt(self, r: pb.CommandSendReceipt) -> None:
-        if not self._pending:
+        # Receipts usually arrive in send order, but not always: the broker completes
+        # transactional and plain appends on different paths. Match by sequence id.
+        pending = self._pending
+        if not pending:
             return
-        op = self._pending[0]
-        if r.sequence_id < op.seq:
-            return  # receipt for something already resolved (duplicate after resend)
-        if r.sequence_id > op.seq:
-            log.warning("receipt for seq %d while %d is pending on %s; reconnecting to resend",
-                        r.sequence_id, op.seq, self.topic)
-            if self._conn is not None:
-                self._conn.close(ConnectError("out-of-order send receipt", topic=self.topic))
-            return
-        self._pending.popleft()
-        self.last_sequence_id_published = op.highest
+        op = pending[0]
+        if op.seq == r.sequence_id:
+            pending.popleft()
+        else:
+            for i, cand in enumerate(pending):
+                if cand.seq == r.sequence_id:
+                    op = cand
+                    del pending[i]
+                    break
+            else:
+                return  # a receipt for something already resolved (duplicate after a resend)
+        self.last_sequence_id_published = max(self.last_sequence_id_published, op.highest)
         mid = r.message_id
         n = len(op.futures)
         for i, f in enumerate(op.futures):
@@ -416,8 +420,8 @@ class _PartitionProducer:
 
     def on_send_error(self, e: pb.CommandSendError) -> None:
         name = pb.ServerError.Name(e.error)
-        op = self._pending[0] if self._pending else None
-        if name == "ChecksumError" or op is None or op.seq != e.sequence_id:
+        op = next((o for o in self._pending if o.seq == e.sequence_id), None)
+        if name == "ChecksumError" or op is None:
             if self._conn is not None:
                 self._conn.close(ConnectError(f"send error {name}: {e.message}", topic=self.topic))
             return
@@ -425,7 +429,7 @@ class _PartitionProducer:
         if name in ("NotAllowedError", "TransactionNotFound", "InvalidTxnStatus", "TransactionConflict",
                     "TopicTerminatedError", "ProducerBlockedQuotaExceededError",
                     "ProducerBlockedQuotaExceededException"):
-            self._pending.popleft()
+            self._pending.remove(op)
             err = from_server_error(name, f"send rejected: {e.message}", topic=self.topic, txn_id=txn)
             for f in op.futures:
                 if not f.done():

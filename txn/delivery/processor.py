@@ -252,15 +252,23 @@ class AsyncProcessor:
         assert self._consumer is not None
         c = self.config
         batch: list[Message] = []
+        ids: set[tuple[str, Any]] = set()
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
         while len(batch) < c.batch_max_messages and not self._stopping.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             try:
-                batch.append(await self._consumer.receive(timeout_millis=max(1, int(left * 1000))))
+                m = await self._consumer.receive(timeout_millis=max(1, int(left * 1000)))
             except Timeout:
                 break
+            key = (m.topic_name(), m.message_id())
+            if key in ids:
+                # Redelivered while its first copy is still here (after a reconnect or an abort).
+                # A transaction that acknowledged one message twice would commit its output twice.
+                continue
+            ids.add(key)
+            batch.append(m)
         return batch
 
     def _new_batch_id(self) -> str:
