@@ -139,8 +139,13 @@ class _PartitionProducer:
     # --------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Create the producer on the broker (raises the broker's error)."""
-        await self._create()
+        """Create the producer on the broker (raises the broker's error).
+
+        ``ProducerBusy`` is retried until the operation timeout: after a crash the broker may
+        still hold the previous holder of a fixed producer name until it notices.
+        """
+        pool = self._client._pool  # noqa: SLF001
+        await pool.retrying(f"create producer on {self.topic}", self._create, topic=self.topic)
         loop = asyncio.get_running_loop()
         self._timeout_task = loop.create_task(self._timeout_loop())
 

@@ -10,22 +10,29 @@
 from .dedup import DedupReceiver, DedupStats, Outcome
 from .dedup_store import DedupStore, PostgresDedupStore, SqliteDedupStore, open_store
 from .ledger import LedgerRecord
+from .outbox import Outbox, OutboxRow
 from .output import Output
 from .processor import AsyncProcessor, Processor, ProcessorConfig, ProcessorStats
+from .reliable_producer import AsyncReliableProducer, MessageNacked, ReliableProducer
 from .replay import ReplayError, ReplayResult, replay, replay_batch
 
 __all__ = [
     "AsyncProcessor",
+    "AsyncReliableProducer",
     "DedupReceiver",
     "DedupStats",
     "DedupStore",
     "LedgerRecord",
+    "MessageNacked",
+    "Outbox",
+    "OutboxRow",
     "Outcome",
     "Output",
     "PostgresDedupStore",
     "Processor",
     "ProcessorConfig",
     "ProcessorStats",
+    "ReliableProducer",
     "ReplayError",
     "ReplayResult",
     "SqliteDedupStore",
