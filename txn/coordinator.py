@@ -115,87 +115,51 @@ class CoordinatorClient:
 
         return await self._call(tc_id, "new transaction", None, op)
 
-    async def add_partitions(self, txn: TxnID, topics: list[str]) -> None:
-        """Register produced-to partitions with the transaction."""
+    async def _txn_command(
+        self, txn: TxnID, kind: int, response_field: str, what: str, topic: str | None,
+        attempts: list[int] | None = None, **fields: object,
+    ) -> None:
+        """Send a transaction command to ``txn``'s coordinator and raise the typed error it reports."""
 
         async def op(conn: Connection) -> None:
+            if attempts is not None:
+                attempts[0] += 1
             rid = next_request_id()
-            resp = await conn.request(
-                command(
-                    T.ADD_PARTITION_TO_TXN,
-                    request_id=rid,
-                    txnid_most_bits=txn.most,
-                    txnid_least_bits=txn.least,
-                    partitions=topics,
-                ),
-                rid,
-            )
-            check_error(resp, "add partition to transaction", topic=topics[0], txn_id=txn)
-            r = resp.addPartitionToTxnResponse
+            cmd = command(kind, request_id=rid, txnid_most_bits=txn.most, txnid_least_bits=txn.least, **fields)
+            resp = await conn.request(cmd, rid)
+            check_error(resp, what, topic=topic, txn_id=txn)
+            r = getattr(resp, response_field)
             if r.HasField("error"):
-                raise from_server_error(
-                    pb.ServerError.Name(r.error),
-                    f"add partition to transaction failed: {r.message}",
-                    topic=",".join(topics),
-                    txn_id=txn,
-                )
+                raise from_server_error(pb.ServerError.Name(r.error), f"{what} failed: {r.message}", topic=topic,
+                                        txn_id=txn)
 
-        await self._call(txn.most, "add partition to transaction", txn, op)
+        await self._call(txn.most, what, txn, op)
+
+    async def add_partitions(self, txn: TxnID, topics: list[str]) -> None:
+        """Register produced-to partitions with the transaction."""
+        await self._txn_command(txn, T.ADD_PARTITION_TO_TXN, "addPartitionToTxnResponse",
+                                "add partition to transaction", ",".join(topics), partitions=topics)
 
     async def add_subscriptions(self, txn: TxnID, subs: list[tuple[str, str]]) -> None:
         """Register (topic, subscription) pairs whose acks the transaction carries."""
-
-        async def op(conn: Connection) -> None:
-            rid = next_request_id()
-            resp = await conn.request(
-                command(
-                    T.ADD_SUBSCRIPTION_TO_TXN,
-                    request_id=rid,
-                    txnid_most_bits=txn.most,
-                    txnid_least_bits=txn.least,
-                    subscription=[pb.TxnSubscription(topic=t, subscription=s) for t, s in subs],
-                ),
-                rid,
-            )
-            check_error(resp, "add subscription to transaction", topic=subs[0][0], txn_id=txn)
-            r = resp.addSubscriptionToTxnResponse
-            if r.HasField("error"):
-                raise from_server_error(
-                    pb.ServerError.Name(r.error),
-                    f"add subscription to transaction failed: {r.message}",
-                    topic=subs[0][0],
-                    txn_id=txn,
-                )
-
-        await self._call(txn.most, "add subscription to transaction", txn, op)
+        await self._txn_command(
+            txn, T.ADD_SUBSCRIPTION_TO_TXN, "addSubscriptionToTxnResponse", "add subscription to transaction",
+            subs[0][0], subscription=[pb.TxnSubscription(topic=t, subscription=s) for t, s in subs],
+        )
 
     async def end_txn(self, txn: TxnID, commit: bool) -> None:
-        """Commit or abort. Raises the broker's typed error on failure."""
-        action = pb.COMMIT if commit else pb.ABORT
+        """Commit or abort. Raises the broker's typed error on failure.
+
+        If a connection drop forced a retry and the retry finds the transaction gone, the
+        error says so: the first attempt may have completed.
+        """
         verb = "commit" if commit else "abort"
-        attempts = 0
-
-        async def op(conn: Connection) -> None:
-            nonlocal attempts
-            attempts += 1
-            rid = next_request_id()
-            resp = await conn.request(
-                command(
-                    T.END_TXN,
-                    request_id=rid,
-                    txnid_most_bits=txn.most,
-                    txnid_least_bits=txn.least,
-                    txn_action=action,
-                ),
-                rid,
-            )
-            check_error(resp, verb, txn_id=txn)
-            r = resp.endTxnResponse
-            if r.HasField("error"):
-                name = pb.ServerError.Name(r.error)
-                msg = f"{verb} failed: {r.message}"
-                if attempts > 1 and name == "TransactionNotFound":
-                    msg += " (an earlier attempt was interrupted and may have completed)"
-                raise from_server_error(name, msg, txn_id=txn)
-
-        await self._call(txn.most, verb, txn, op)
+        attempts = [0]
+        try:
+            await self._txn_command(txn, T.END_TXN, "endTxnResponse", verb, None, attempts,
+                                    txn_action=pb.COMMIT if commit else pb.ABORT)
+        except PulsarError as exc:
+            if attempts[0] > 1 and exc.server_error == "TransactionNotFound":
+                exc.message += " (an earlier attempt was interrupted and may have completed)"
+                exc.args = (exc._render(),)  # noqa: SLF001
+            raise
