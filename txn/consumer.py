@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -101,8 +101,7 @@ class _TopicConsumer:
         self.consumer_id = self.client._next_id()  # noqa: SLF001
         self.queue_size = max(permits, 1)
         self._threshold = max(self.queue_size // 2, 1)
-        self._taken_lock = threading.Lock()
-        self._taken = 0
+        self._taken = 0  # guarded by the parent's receive-queue lock
         self._conn: Connection | None = None
         self._ready = asyncio.Event()
         self._closed = False
@@ -152,8 +151,7 @@ class _TopicConsumer:
             conn.consumers.pop(self.consumer_id, None)
             raise
         self._conn = conn
-        with self._taken_lock:
-            self._taken = 0
+        self.parent._queue.reset(self)  # noqa: SLF001
         conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
         self._ready.set()
 
@@ -196,15 +194,6 @@ class _TopicConsumer:
 
     # ----------------------------------------------------------------- messages
 
-    def count_taken(self, n: int) -> int:
-        """Count messages handed out; returns permits to grant now (0 if below threshold)."""
-        with self._taken_lock:
-            self._taken += n
-            if self._taken >= self._threshold:
-                out, self._taken = self._taken, 0
-                return out
-        return 0
-
     def send_flow(self, n: int) -> None:
         conn = self._conn
         if conn is not None and not conn.closed and n > 0:
@@ -214,7 +203,7 @@ class _TopicConsumer:
                 pass
 
     def _skip(self, n: int) -> None:
-        granted = self.count_taken(n)
+        granted = self.parent._queue.count(self, n)  # noqa: SLF001
         if granted:
             self.send_flow(granted)
 
@@ -253,16 +242,19 @@ class _TopicConsumer:
     def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,
                n: int) -> list[Message]:
         mid = cmd.message_id
+        ledger, entry = mid.ledgerId, mid.entryId
         topic = self.topic
         part = self.partition
         redeliveries = cmd.redelivery_count
-        props = {kv.key: kv.value for kv in meta.properties}
+        publish_time = meta.publish_time
+        event_time = meta.event_time
+        producer = meta.producer_name
+        props = {kv.key: kv.value for kv in meta.properties} if len(meta.properties) else {}
         if not batched:
             key = meta.partition_key if meta.HasField("partition_key") else None
             return [
-                Message(payload, props, MessageId(mid.ledgerId, mid.entryId, part, -1, 0, topic), topic, key,
-                        meta.publish_time, meta.event_time, redeliveries, meta.producer_name,
-                        meta.sequence_id, self)
+                Message(payload, props, MessageId(ledger, entry, part, -1, 0, topic), topic, key,
+                        publish_time, event_time, redeliveries, producer, meta.sequence_id, self)
             ]
         out: list[Message] = []
         ack_set = cmd.ack_set
@@ -272,19 +264,23 @@ class _TopicConsumer:
                 continue
             if smm.compacted_out:
                 continue
-            p = dict(props)
-            p.update({kv.key: kv.value for kv in smm.properties})
+            if len(smm.properties):
+                p = dict(props)
+                for kv in smm.properties:
+                    p[kv.key] = kv.value
+            else:
+                p = dict(props) if props else {}
             out.append(
                 Message(
                     data,
                     p,
-                    MessageId(mid.ledgerId, mid.entryId, part, i, n, topic),
+                    MessageId(ledger, entry, part, i, n, topic),
                     topic,
                     smm.partition_key if smm.HasField("partition_key") else None,
-                    meta.publish_time,
-                    smm.event_time or meta.event_time,
+                    publish_time,
+                    smm.event_time or event_time,
                     redeliveries,
-                    meta.producer_name,
+                    producer,
                     smm.sequence_id if smm.HasField("sequence_id") else base_seq + i,
                     self,
                 )
@@ -478,6 +474,8 @@ class AsyncConsumer:
         self._queue = ReceiveQueue(asyncio.get_running_loop(), lambda sub, n: sub.send_flow(n))
         self._closed = False
         self._ticker: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._done.set_result(None)
 
     async def _start(self) -> None:
         counts = await asyncio.gather(*(self._client._pool.partitions(t) for t in self._topics))  # noqa: SLF001
@@ -548,14 +546,18 @@ class AsyncConsumer:
             raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
         sub.ack_local(mid, cumulative)
 
-    async def acknowledge(self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None) -> None:
-        """Acknowledge one message, inside ``txn`` if given (then it waits for the broker)."""
+    def acknowledge(self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None) -> Awaitable[None]:
+        """Acknowledge one message; await the result. Inside ``txn`` it waits for the broker.
+
+        Without a transaction the ack is queued and grouped, and the returned awaitable is
+        already complete.
+        """
         self._check()
         if txn is None:
             self.acknowledge_nowait(message_or_id)
-            return
+            return self._done
         sub, mid = self._sub_for(message_or_id)
-        await self._txn_ack(sub, [mid], txn, False)
+        return self._txn_ack(sub, [mid], txn, False)
 
     async def acknowledge_cumulative(
         self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None

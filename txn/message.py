@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import total_ordering
 from typing import TYPE_CHECKING
 
@@ -14,16 +14,23 @@ if TYPE_CHECKING:
 
 
 @total_ordering
-@dataclass(frozen=True, slots=True)
 class MessageId:
-    """Position of a message: ledger, entry, partition and index inside a batch."""
+    """Position of a message: ledger, entry, partition and index inside a batch.
 
-    ledger_id: int
-    entry_id: int
-    partition: int = -1
-    batch_index: int = -1
-    batch_size: int = 0
-    topic: str = field(default="", compare=False, repr=False)
+    Immutable by convention; equality, ordering and hashing use (ledger, entry, partition,
+    batch index). ``topic`` says which topic (partition) it belongs to.
+    """
+
+    __slots__ = ("ledger_id", "entry_id", "partition", "batch_index", "batch_size", "topic")
+
+    def __init__(self, ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
+                 batch_size: int = 0, topic: str = "") -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.partition = partition
+        self.batch_index = batch_index
+        self.batch_size = batch_size
+        self.topic = topic
 
     def _key(self) -> tuple[int, int, int, int]:
         return (self.ledger_id, self.entry_id, self.partition, self.batch_index)
@@ -43,6 +50,10 @@ class MessageId:
 
     def __str__(self) -> str:
         return f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"
+
+    def __repr__(self) -> str:
+        return (f"MessageId(ledger_id={self.ledger_id}, entry_id={self.entry_id}, partition={self.partition}, "
+                f"batch_index={self.batch_index}, batch_size={self.batch_size})")
 
     def to_pb(self) -> pb.MessageIdData:
         """Wire form (without ack set)."""

@@ -3,6 +3,8 @@
 The broker may only send as many messages as we granted permits, so the queue is
 bounded by the sum of its consumers' ``receiver_queue_size``. Taking a message
 out returns a permit; every half queue's worth, a FLOW command asks for more.
+Permits are counted under the queue's lock by whichever thread takes or skips a
+message, so none is ever lost (a lost permit would eventually stall the consumer).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from .errors import AlreadyClosed, Timeout
 class ReceiveQueue:
     """Messages waiting for ``receive``; fed by the event loop, drained by any thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_taken: Callable[[Any, int], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_flow: Callable[[Any, int], None]) -> None:
         self._loop = loop
         self._dq: deque[Any] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._sync_waiters = 0
         self._async_waiters: deque[asyncio.Future[None]] = deque()
-        self._on_taken = on_taken  # (sub_consumer, n) -> None, called on the loop thread
+        self._on_flow = on_flow  # (sub_consumer, n) -> None, called on the loop thread
         self._closed: BaseException | None = None
 
     def __len__(self) -> int:
@@ -33,38 +37,46 @@ class ReceiveQueue:
 
     def put_many(self, items: list[Any]) -> None:
         """Append messages (event-loop thread)."""
-        with self._cond:
+        with self._lock:
             self._dq.extend(items)
-            self._cond.notify(len(items))
+            if self._sync_waiters:
+                self._cond.notify(len(items))
         while self._async_waiters:
             w = self._async_waiters.popleft()
             if not w.done():
                 w.set_result(None)
                 break
 
-    def _taken(self, item: Any) -> None:
-        sub = item._consumer  # noqa: SLF001
-        if sub is None:
-            return
-        n = sub.count_taken(1)
-        if n:
-            if _on_loop(self._loop):
-                self._on_taken(sub, n)
-            else:
-                self._loop.call_soon_threadsafe(self._on_taken, sub, n)
+    def count(self, sub: Any, n: int) -> int:
+        """Count ``n`` permits used for ``sub``; returns permits to grant now (0 below threshold)."""
+        with self._lock:
+            return _count_locked(sub, n)
+
+    def _flow(self, sub: Any, n: int) -> None:
+        if _on_loop(self._loop):
+            self._on_flow(sub, n)
+        else:
+            self._loop.call_soon_threadsafe(self._on_flow, sub, n)
 
     def get_nowait(self) -> Any | None:
         """Pop one message, or ``None``."""
-        with self._cond:
+        with self._lock:
             if self._closed is not None:
                 raise self._closed
-            item = self._dq.popleft() if self._dq else None
-        if item is not None:
-            self._taken(item)
+            if not self._dq:
+                return None
+            item = self._dq.popleft()
+            sub = item._consumer  # noqa: SLF001
+            flow = _count_locked(sub, 1) if sub is not None else 0
+        if flow:
+            self._flow(sub, flow)
         return item
 
     def get_blocking(self, timeout: float | None) -> Any:
         """Pop one message, waiting up to ``timeout`` seconds (other threads only)."""
+        item = self.get_nowait()
+        if item is not None:
+            return item
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._dq:
@@ -73,11 +85,18 @@ class ReceiveQueue:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise Timeout("no message received within the timeout")
-                self._cond.wait(remaining if remaining is not None else 1.0)
+                self._sync_waiters += 1
+                try:
+                    self._cond.wait(remaining if remaining is not None else 1.0)
+                finally:
+                    self._sync_waiters -= 1
             if self._closed is not None:
                 raise self._closed
             item = self._dq.popleft()
-        self._taken(item)
+            sub = item._consumer  # noqa: SLF001
+            flow = _count_locked(sub, 1) if sub is not None else 0
+        if flow:
+            self._flow(sub, flow)
         return item
 
     async def get(self, timeout: float | None) -> Any:
@@ -87,11 +106,11 @@ class ReceiveQueue:
             item = self.get_nowait()
             if item is not None:
                 return item
-            fut = self._loop.create_future()
-            self._async_waiters.append(fut)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise Timeout("no message received within the timeout")
+            fut = self._loop.create_future()
+            self._async_waiters.append(fut)
             try:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
@@ -99,22 +118,35 @@ class ReceiveQueue:
 
     def remove_where(self, pred: Callable[[Any], bool]) -> int:
         """Drop queued messages matching ``pred``; returns how many (event-loop thread)."""
-        with self._cond:
+        with self._lock:
             keep = [m for m in self._dq if not pred(m)]
             removed = len(self._dq) - len(keep)
             self._dq.clear()
             self._dq.extend(keep)
         return removed
 
+    def reset(self, sub: Any) -> None:
+        """Forget ``sub``'s uncounted permits (after a resubscribe grants a full queue again)."""
+        with self._lock:
+            sub._taken = 0  # noqa: SLF001
+
     def close(self, reason: BaseException | None = None) -> None:
         """Wake every waiter with ``reason`` (default :class:`AlreadyClosed`)."""
-        with self._cond:
+        with self._lock:
             self._closed = reason or AlreadyClosed("consumer is closed")
             self._cond.notify_all()
         for w in self._async_waiters:
             if not w.done():
                 w.set_result(None)
         self._async_waiters.clear()
+
+
+def _count_locked(sub: Any, n: int) -> int:
+    sub._taken += n  # noqa: SLF001
+    if sub._taken >= sub._threshold:  # noqa: SLF001
+        out, sub._taken = sub._taken, 0  # noqa: SLF001
+        return out
+    return 0
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -255,9 +255,17 @@ class Consumer:
     def acknowledge(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
         """Acknowledge; with ``txn`` it blocks until the broker accepted the transactional ack."""
         if txn is None:
+            sub = getattr(message_or_id, "_consumer", None)
+            if sub is not None and sub.parent is self._inner and not self._inner._closed:  # noqa: SLF001
+                sub._ack_inbox.append((message_or_id._id, False))  # noqa: SLF001 - fast path
+                return
             self._inner.acknowledge_nowait(message_or_id)
             return
-        self._lt.run(self._inner.acknowledge(message_or_id, txn._inner))  # noqa: SLF001
+
+        async def go() -> None:
+            await self._inner.acknowledge(message_or_id, txn._inner)  # noqa: SLF001
+
+        self._lt.run(go())
 
     def acknowledge_cumulative(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
         """Acknowledge everything up to this message."""

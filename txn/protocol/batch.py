@@ -27,12 +27,13 @@ def decode_batch(data: bytes, count: int) -> list[tuple[pb.SingleMessageMetadata
         raise ProtocolError(f"negative batch size {count}")
     out: list[tuple[pb.SingleMessageMetadata, bytes]] = []
     view = memoryview(data)
+    unpack = _U32.unpack_from
     pos = 0
     n = len(data)
     for i in range(count):
         if n - pos < 4:
             raise ProtocolError(f"batch truncated at message {i} of {count}")
-        (msize,) = _U32.unpack_from(view, pos)
+        (msize,) = unpack(view, pos)
         pos += 4
         if msize > n - pos:
             raise ProtocolError(f"batch message {i} metadata overruns the payload")
@@ -41,12 +42,12 @@ def decode_batch(data: bytes, count: int) -> list[tuple[pb.SingleMessageMetadata
             smm.ParseFromString(view[pos : pos + msize])
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise ProtocolError(f"undecodable batch message {i}: {exc}") from exc
-        if not smm.IsInitialized():
+        if not smm.HasField("payload_size"):
             raise ProtocolError(f"batch message {i} metadata is missing required fields")
         pos += msize
         psize = smm.payload_size
         if psize < 0 or psize > n - pos:
             raise ProtocolError(f"batch message {i} payload overruns the batch")
-        out.append((smm, bytes(view[pos : pos + psize])))
+        out.append((smm, data[pos : pos + psize]))
         pos += psize
     return out
