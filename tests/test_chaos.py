@@ -22,6 +22,7 @@ def _check(res):
     assert res.inputs_committed_twice == 0, res.summary()
 
 
+@pytest.mark.timeout(900)
 def test_chaos_short(broker, tmp_path):
     if broker.local is None:
         pytest.skip("the chaos run restarts the broker: it needs the broker this suite started")
@@ -32,6 +33,7 @@ def test_chaos_short(broker, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_chaos_long(broker, tmp_path):
     if broker.local is None:
         pytest.skip("the chaos run restarts the broker: it needs the broker this suite started")
