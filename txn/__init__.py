@@ -37,7 +37,8 @@ from .errors import (  # noqa: E402
 from .message import EARLIEST, LATEST, Message, MessageId, TxnID  # noqa: E402
 from .producer import AsyncProducer, ProducerAccessMode  # noqa: E402
 from .protocol import CompressionType  # noqa: E402
-from .sync import Client, Consumer, Producer, Transaction  # noqa: E402
+from .reader import AsyncReader  # noqa: E402
+from .sync import Client, Consumer, Producer, Reader, Transaction  # noqa: E402
 from .transaction import AsyncTransaction, TxnState  # noqa: E402
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "AsyncClient",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncReader",
     "AsyncTransaction",
     "Authentication",
     "AuthenticationError",
@@ -73,6 +75,7 @@ __all__ = [
     "ProducerQueueIsFull",
     "ProtocolError",
     "PulsarError",
+    "Reader",
     "Result",
     "SubscriptionNotFound",
     "Timeout",

@@ -10,9 +10,11 @@ from .auth import Authentication
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
+from .message import MessageId
 from .pool import ConnectionPool
 from .producer import AsyncProducer, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
+from .reader import AsyncReader, create_reader
 from .topic import parse_topic
 from .transaction import AsyncTransaction
 
@@ -148,6 +150,19 @@ class AsyncClient:
         await c._start()  # noqa: SLF001
         self._consumers.add(c)
         return c
+
+    async def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        start_message_id_inclusive: bool = False,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+    ) -> AsyncReader:
+        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id)."""
+        self._check()
+        return await create_reader(self, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
+                                   reader_name)
 
     async def new_transaction(self, timeout_millis: int = 60000) -> AsyncTransaction:
         """Open a transaction that the broker aborts if not ended within ``timeout_millis``."""

@@ -64,6 +64,8 @@ class ConsumerConfig:
     ack_grouping_max_size: int = 1000
     properties: dict[str, str] = field(default_factory=dict)
     key_shared_allow_out_of_order: bool = False
+    durable: bool = True
+    start_message_id: MessageId | None = None
 
 
 def _ack_set_words(n: int, acked: list[int], acked_upto: int | None = None) -> list[int]:
@@ -112,6 +114,7 @@ class _TopicConsumer:
         self._nacks: dict[MessageId, float] = {}
         self.end_of_topic = False
         self.active = True
+        self.resume_from: MessageId | None = None  # non-durable readers: where a resubscribe starts
 
     def __hash__(self) -> int:
         return self.consumer_id
@@ -132,12 +135,15 @@ class _TopicConsumer:
             "consumer_id": self.consumer_id,
             "request_id": rid,
             "initialPosition": int(conf.initial_position),
-            "durable": True,
+            "durable": conf.durable,
             "consumer_epoch": self._epoch,
             "metadata": [pb.KeyValue(key=k, value=v) for k, v in conf.properties.items()],
         }
         if conf.consumer_name:
             fields["consumer_name"] = conf.consumer_name
+        start = self.resume_from or conf.start_message_id
+        if not conf.durable and start is not None:
+            fields["start_message_id"] = start.to_pb()
         if conf.consumer_type == ConsumerType.KeyShared:
             fields["keySharedMeta"] = pb.KeySharedMeta(
                 keySharedMode=pb.KeySharedMeta.AUTO_SPLIT,
@@ -286,6 +292,19 @@ class _TopicConsumer:
                 )
             )
         return out
+
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
+        if not self._ready.is_set():
+            await asyncio.wait_for(self._ready.wait(), self.client._pool.operation_timeout)  # noqa: SLF001
+        conn = self._conn
+        if conn is None:
+            raise ConnectError("consumer is not connected", topic=self.topic)
+        rid = next_request_id()
+        resp = await conn.request(command(T.GET_LAST_MESSAGE_ID, consumer_id=self.consumer_id, request_id=rid), rid)
+        check_error(resp, "get last message id", topic=self.topic)
+        d = resp.getLastMessageIdResponse.last_message_id
+        return MessageId.from_pb(d, partition=self.partition, topic=self.topic)
 
     # --------------------------------------------------------------------- acks
 

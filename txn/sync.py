@@ -304,6 +304,30 @@ class Consumer:
         return self._inner.is_connected()
 
 
+class Reader:
+    """A reader (blocking API); see :class:`~txn.reader.AsyncReader`."""
+
+    def __init__(self, inner: Any, lt: _LoopThread) -> None:
+        self._inner = inner
+        self._lt = lt
+
+    def topic(self) -> str:
+        """The topic read."""
+        return self._inner.topic()
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
+        return self._lt.run(self._inner.read_next(timeout_millis))
+
+    def has_message_available(self) -> bool:
+        """True if a message after the last one read is stored."""
+        return self._lt.run(self._inner.has_message_available())
+
+    def close(self) -> None:
+        """Close."""
+        self._lt.run(self._inner.close())
+
+
 class Client:
     """A Pulsar client with a blocking API; parameters mirror ``pulsar.Client``."""
 
@@ -374,6 +398,15 @@ class Client:
             self._lt,
         )
 
+    def create_reader(self, topic: str, start_message_id: MessageId, start_message_id_inclusive: bool = False,
+                      **kwargs: Any) -> Reader:
+        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or a message id)."""
+        self._check()
+        return Reader(
+            self._lt.run(self._inner.create_reader(topic, start_message_id, start_message_id_inclusive, **kwargs)),
+            self._lt,
+        )
+
     def new_transaction(self, timeout_millis: int = 60000) -> Transaction:
         """Open a transaction."""
         self._check()
@@ -395,4 +428,4 @@ class Client:
             self._lt.stop()
 
 
-__all__ = ["Client", "Consumer", "Producer", "Transaction", "CompressionType"]
+__all__ = ["Client", "Consumer", "Producer", "Reader", "Transaction", "CompressionType"]

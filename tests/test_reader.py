@@ -1,0 +1,103 @@
+"""Readers: non-durable reads from a position; last message id."""
+
+from __future__ import annotations
+
+import pytest
+
+import txn
+from txn.localbroker import admin_request
+
+
+@pytest.fixture
+def client(broker):
+    c = txn.Client(broker.service_url)
+    yield c
+    c.close()
+
+
+def _produce(client, topic, n, batching=False):
+    p = client.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=100)
+    if batching:
+        for i in range(n):
+            p.send_async(f"m{i}".encode(), None)
+        p.flush()
+        ids = None
+    else:
+        ids = [p.send(f"m{i}".encode()) for i in range(n)]
+    p.close()
+    return ids
+
+
+def _read_all(reader):
+    out = []
+    while reader.has_message_available():
+        out.append(reader.read_next(5000).data())
+    return out
+
+
+def test_reader_from_earliest_latest_and_an_id(client, broker, topic):
+    ids = _produce(client, topic, 10)
+    r = client.create_reader(topic, txn.EARLIEST)
+    assert _read_all(r) == [f"m{i}".encode() for i in range(10)]
+    r.close()
+    r = client.create_reader(topic, ids[4])
+    assert _read_all(r) == [f"m{i}".encode() for i in range(5, 10)]
+    r.close()
+    r = client.create_reader(topic, ids[4], start_message_id_inclusive=True)
+    assert _read_all(r) == [f"m{i}".encode() for i in range(4, 10)]
+    r.close()
+    r = client.create_reader(topic, txn.LATEST)
+    assert r.has_message_available() is False
+    _produce(client, topic, 1)
+    assert r.read_next(10000).data() == b"m0"
+    r.close()
+    # Readers leave no durable subscription behind.
+    status, stats = admin_request("GET", broker.admin_url, "/admin/v2/" + topic.replace("://", "/") + "/stats")
+    assert status == 200 and stats["subscriptions"] == {}
+
+
+def test_reader_inside_a_batch(client, topic):
+    _produce(client, topic, 6, batching=True)
+    r = client.create_reader(topic, txn.EARLIEST)
+    msgs = [r.read_next(5000) for _ in range(6)]
+    r.close()
+    assert len({m.message_id().entry_key for m in msgs}) == 1  # one batch
+    r = client.create_reader(topic, msgs[2].message_id())
+    assert _read_all(r) == [b"m3", b"m4", b"m5"]
+    r.close()
+    r = client.create_reader(topic, msgs[2].message_id(), start_message_id_inclusive=True)
+    assert _read_all(r) == [b"m2", b"m3", b"m4", b"m5"]
+    r.close()
+
+
+def test_empty_topic_and_partitioned_topic(client, broker, topic, unique_name):
+    _produce(client, topic, 0)
+    r = client.create_reader(topic, txn.EARLIEST)
+    assert r.has_message_available() is False
+    with pytest.raises(txn.Timeout):
+        r.read_next(300)
+    r.close()
+    from txn.localbroker import create_partitioned_topic
+
+    pt = f"persistent://public/default/{unique_name('pt')}"
+    create_partitioned_topic(broker.admin_url, pt, 2)
+    with pytest.raises(ValueError, match="partitioned"):
+        client.create_reader(pt, txn.EARLIEST)
+    r = client.create_reader(pt + "-partition-1", txn.EARLIEST)
+    assert r.has_message_available() is False
+    r.close()
+
+
+def test_reader_does_not_see_open_or_aborted_transactions(client, topic):
+    p = client.create_producer(topic)
+    p.send(b"before")
+    t = client.new_transaction()
+    p.send(b"in-txn", txn=t)
+    r = client.create_reader(topic, txn.EARLIEST)
+    assert r.read_next(5000).data() == b"before"
+    with pytest.raises(txn.Timeout):
+        r.read_next(1000)
+    t.abort()
+    p.send(b"after")
+    assert r.read_next(5000).data() == b"after"
+    r.close()

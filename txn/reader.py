@@ -1,0 +1,112 @@
+"""``Reader``: read a topic from a given position, without a durable subscription.
+
+A reader is a consumer on a non-durable, exclusive subscription that starts at a message
+id; nothing it reads is ever acknowledged on the broker, and after a reconnect it resumes
+right after the last message it handed out.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .errors import Timeout
+from .message import EARLIEST, LATEST, Message, MessageId
+
+
+class AsyncReader:
+    """Reads one (non-partitioned) topic or one partition from ``start_message_id`` onwards."""
+
+    def __init__(self, consumer: AsyncConsumer, start: MessageId, inclusive: bool) -> None:
+        self._consumer = consumer
+        self._sub = consumer._subs[0]  # noqa: SLF001
+        self._start = start
+        self._inclusive = inclusive
+        self._last: MessageId | None = None
+
+    def topic(self) -> str:
+        """The topic read."""
+        return self._consumer.topic()
+
+    async def read_next(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
+        while True:
+            m = await self._consumer.receive(timeout_millis)
+            mid = m.message_id()
+            if self._last is None and not self._inclusive and self._start not in (EARLIEST, LATEST):
+                if mid.entry_key[:2] == self._start.entry_key[:2] and (
+                    self._start.batch_index < 0 or mid.batch_index <= self._start.batch_index
+                ):
+                    continue  # the start position itself (exclusive) or earlier messages of its batch
+            if self._last is None and self._inclusive and self._start.batch_index >= 0:
+                if mid.entry_key[:2] == self._start.entry_key[:2] and mid.batch_index < self._start.batch_index:
+                    continue
+            self._last = mid
+            self._sub.resume_from = mid
+            return m
+
+    async def has_message_available(self) -> bool:
+        """True if a message after the last one read is stored on the topic."""
+        if len(self._consumer._queue):  # noqa: SLF001
+            return True
+        last = await self._sub.get_last_message_id()
+        if last.entry_id == 0xFFFFFFFFFFFFFFFF or last.ledger_id == 0xFFFFFFFFFFFFFFFF:
+            return False  # empty topic
+        if self._last is None:
+            start = self._start
+            if start == EARLIEST:
+                return True
+            if (last.ledger_id, last.entry_id) > (start.ledger_id, start.entry_id):
+                return True
+            if (last.ledger_id, last.entry_id) == (start.ledger_id, start.entry_id):
+                # The start is the last entry: only it (inclusive) or the rest of its batch remains.
+                if self._inclusive:
+                    return True
+                return start.batch_index >= 0 and (start.batch_size == 0 or start.batch_index < start.batch_size - 1)
+            return False
+        return (last.ledger_id, last.entry_id) > (self._last.ledger_id, self._last.entry_id) or (
+            (last.ledger_id, last.entry_id) == (self._last.ledger_id, self._last.entry_id)
+            and self._last.batch_size > 0 and self._last.batch_index < self._last.batch_size - 1
+        )
+
+    async def read_to_end(self, idle_ms: int = 200) -> list[Message]:
+        """Every message from the current position to the end of the topic as of now."""
+        out: list[Message] = []
+        while await self.has_message_available():
+            try:
+                out.append(await self.read_next(timeout_millis=max(idle_ms, 5000)))
+            except Timeout:
+                break
+        return out
+
+    async def close(self) -> None:
+        """Close the reader."""
+        await self._consumer.close()
+
+
+async def create_reader(
+    client,  # noqa: ANN001 - AsyncClient (import cycle)
+    topic: str,
+    start_message_id: MessageId,
+    start_message_id_inclusive: bool = False,
+    receiver_queue_size: int = 1000,
+    reader_name: str | None = None,
+) -> AsyncReader:
+    """Open a reader on ``topic`` (a non-partitioned topic or a single partition)."""
+    from .topic import parse_topic
+
+    name = str(parse_topic(topic))
+    if await client._pool.partitions(name) > 0:  # noqa: SLF001
+        raise ValueError(f"{name} is partitioned: open a reader per partition ({name}-partition-N)")
+    conf = ConsumerConfig(
+        subscription_name=reader_name or f"reader-{uuid.uuid4().hex[:10]}",
+        consumer_type=ConsumerType.Exclusive,
+        initial_position=InitialPosition.Earliest if start_message_id == EARLIEST else InitialPosition.Latest,
+        receiver_queue_size=receiver_queue_size,
+        durable=False,
+        start_message_id=start_message_id,
+    )
+    c = AsyncConsumer(client, [name], conf)
+    await c._start()  # noqa: SLF001
+    client._consumers.add(c)  # noqa: SLF001
+    return AsyncReader(c, start_message_id, start_message_id_inclusive)
