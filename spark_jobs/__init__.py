@@ -1,4 +1,18 @@
-"""Spark as the exactly-once function runtime: Pulsar source, transactional sink, micro-batch runtime.
+"""Spark as the exactly-once function runtime: a ``pulsar`` source and a ``pulsar-txn`` sink
+through Spark's Python Data Source API, and a micro-batch runtime.
 
-Not built yet: see the Spark issue. The ``spark`` extra pins pyspark.
+``spark_jobs.register(spark)`` registers both formats with a SparkSession.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(spark: Any) -> None:
+    """Register the ``pulsar`` source and the ``pulsar-txn`` sink with ``spark``."""
+    from .sink import PulsarTxnDataSource
+    from .source import PulsarDataSource
+
+    spark.dataSource.register(PulsarDataSource)
+    spark.dataSource.register(PulsarTxnDataSource)

@@ -111,9 +111,13 @@ def run_chaos(
     logdir.mkdir(parents=True, exist_ok=True)
     official = pulsar.Client(broker.service_url, operation_timeout_seconds=120,
                              logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    # The reader subscribes before anything is produced.
+    # An audit subscription that never acknowledges keeps every output stored for the final
+    # check; the live reader only tracks progress (a redelivery to it is not a duplicate).
+    audit = official.subscribe(out, "chaos-audit", initial_position=pulsar.InitialPosition.Earliest)
+    audit.close()
     reader = official.subscribe(out, "chaos-check", initial_position=pulsar.InitialPosition.Earliest)
     seen: Counter[int] = Counter()
+    live_ids: set[str] = set()
     stop_reader = threading.Event()
 
     def read_loop() -> None:
@@ -125,7 +129,10 @@ def run_chaos(
             except Exception:  # reconnecting during a broker restart
                 time.sleep(0.2)
                 continue
-            seen[int(m.data())] += 1
+            mid = str(m.message_id())
+            if mid not in live_ids:
+                live_ids.add(mid)
+                seen[int(m.data())] += 1
             reader.acknowledge(m)
 
     def generate() -> None:
@@ -214,14 +221,15 @@ def run_chaos(
         stop_reader.set()
         rd.join(10)
 
-    # Final drain of the output with a sentinel-free read (nothing is writing now).
-    while True:
-        try:
-            m = reader.receive(timeout_millis=3000)
-        except pulsar.Timeout:
-            break
-        seen[int(m.data())] += 1
-        reader.acknowledge(m)
+    # The audit: everything stored on the output topic, read from the start by the official
+    # client. A duplicate is one input id stored under two different message ids.
+    stored: dict[int, set[str]] = {}
+    audit_reader = official.create_reader(out, pulsar.MessageId.earliest)
+    while audit_reader.has_message_available():
+        m = audit_reader.read_next(timeout_millis=10000)
+        stored.setdefault(int(m.data()), set()).add(str(m.message_id()))
+    audit_reader.close()
+    reader.close()
     official.close()
 
     async def ledger_records():
@@ -234,10 +242,10 @@ def run_chaos(
     inputs = Counter(i for r in committed for ids in r.inputs.values() for i in ids)
     res.committed_inputs = sum(inputs.values())
     res.inputs_committed_twice = sum(1 for c in inputs.values() if c > 1)
-    res.out = sum(seen.values())
-    res.distinct = len(seen)
-    res.lost = sum(1 for i in range(res.sent) if seen[i] == 0)
-    res.duplicated = sum(1 for c in seen.values() if c > 1)
+    res.out = sum(len(ids) for ids in stored.values())
+    res.distinct = len(stored)
+    res.lost = sum(1 for i in range(res.sent) if i not in stored)
+    res.duplicated = sum(1 for ids in stored.values() if len(ids) > 1)
     res.seconds = time.monotonic() - t_start
     log(res.summary())
     return res

@@ -230,3 +230,23 @@ def test_async_api_transaction(broker, official, topic):
     ids = asyncio.run(main())
     assert len(set(ids)) == 50
     assert [m.data() for m in read_n(reader, 50)] == [f"a{i}".encode() for i in range(50)]
+
+
+def test_transaction_adopted_by_id_in_another_client(broker, official, topic):
+    """A second client (a Spark executor, say) produces into a transaction the first one opened."""
+    reader = _sub(official, topic)
+    owner = txn.Client(broker.service_url)
+    worker = txn.Client(broker.service_url)
+    try:
+        t = owner.new_transaction(timeout_millis=30000)
+        adopted = worker.transaction_from_id(str(t.id), timeout_millis=30000)
+        assert adopted.id == t.id
+        p = worker.create_producer(topic)
+        for i in range(5):
+            p.send(f"w{i}".encode(), txn=adopted)
+        assert_nothing(reader, 1000)
+        t.commit()
+        assert [m.data() for m in read_n(reader, 5)] == [f"w{i}".encode() for i in range(5)]
+    finally:
+        worker.close()
+        owner.close()

@@ -10,7 +10,7 @@ from .auth import Authentication
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
-from .message import MessageId
+from .message import MessageId, TxnID
 from .pool import ConnectionPool
 from .producer import AsyncProducer, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
@@ -171,6 +171,15 @@ class AsyncClient:
             raise ValueError("timeout_millis must be positive")
         txn_id = await self._tc.new_txn(int(timeout_millis))
         return AsyncTransaction(self._tc, txn_id, int(timeout_millis))
+
+    def transaction_from_id(self, txn_id: TxnID | str, timeout_millis: int = 60000) -> AsyncTransaction:
+        """A handle on a transaction another process opened (e.g. a Spark driver's), to produce and
+        acknowledge in it. Only the process that owns the transaction should commit or abort it;
+        this handle's ``timeout_millis`` should be the one the transaction was opened with.
+        """
+        self._check()
+        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        return AsyncTransaction(self._tc, tid, int(timeout_millis))
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of ``topic`` (``[topic]`` if it is not partitioned)."""

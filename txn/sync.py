@@ -412,6 +412,11 @@ class Client:
         self._check()
         return Transaction(self._lt.run(self._inner.new_transaction(timeout_millis)), self._lt)
 
+    def transaction_from_id(self, txn_id: Any, timeout_millis: int = 60000) -> Transaction:
+        """A handle on a transaction opened elsewhere (see :meth:`AsyncClient.transaction_from_id`)."""
+        self._check()
+        return Transaction(self._inner.transaction_from_id(txn_id, timeout_millis), self._lt)
+
     def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of ``topic``."""
         self._check()

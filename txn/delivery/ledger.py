@@ -23,6 +23,8 @@ from typing import Any
 from ..topic import parse_topic
 
 SCHEMA = "pulsar-txn.ledger/1"
+#: A durable subscription that never acknowledges, so the broker keeps every ledger record.
+RETENTION_SUBSCRIPTION = "pulsar-txn-retention"
 KINDS = ("STARTED", "COMMITTED", "ABORTED", "PARKED", "REPLAYED")
 LEDGER_TOPIC_NAME = "pulsar-txn-ledger"
 
@@ -86,6 +88,22 @@ class LedgerRecord:
             return cls(**{k: v for k, v in d.items() if k in known})
         except TypeError as exc:
             raise LedgerSchemaError(f"malformed ledger record: {exc}") from exc
+
+
+async def ensure_ledger_retained(client: Any, ledger_topic: str) -> None:
+    """Make sure the broker never deletes ``ledger_topic``'s records.
+
+    With the default retention a broker deletes a topic's data once every subscription has
+    acknowledged it, and keeps nothing of a topic without subscriptions once its ledger rolls
+    over (e.g. at a restart). The ledger is the source of truth, so we hold a durable
+    subscription on it that never acknowledges. (A retention policy on the namespace is the
+    alternative; then this subscription may be deleted.)
+    """
+    from ..consumer import ConsumerType, InitialPosition
+
+    c = await client.subscribe(ledger_topic, RETENTION_SUBSCRIPTION, consumer_type=ConsumerType.Shared,
+                               initial_position=InitialPosition.Earliest, receiver_queue_size=1)
+    await c.close()
 
 
 def now_ms() -> int:

@@ -51,7 +51,7 @@ from ..message import Message
 from ..producer import AsyncProducer
 from ..topic import parse_topic
 from ..transaction import AsyncTransaction
-from .ledger import LedgerRecord, default_ledger_topic, now_ms
+from .ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms
 from .output import Output, handler_spec, is_async, normalise
 
 log = logging.getLogger("txn.processor")
@@ -179,6 +179,7 @@ class AsyncProcessor:
             initial_position=c.initial_position,
             receiver_queue_size=c.receiver_queue_size,
         )
+        await ensure_ledger_retained(self.client, self.ledger_topic)
         self._ledger = await self.client.create_producer(
             self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from ..client import AsyncClient
 from ..consumer import ConsumerType, InitialPosition
 from ..errors import PulsarError, Timeout
-from ..message import Message
+from ..message import EARLIEST, Message
 from ..topic import parse_topic
 from .ledger import LedgerRecord, LedgerSchemaError, now_ms
 from .output import load_handler, normalise
@@ -44,15 +43,13 @@ class ReplayResult:
 
 
 async def read_ledger(client: AsyncClient, ledger_topic: str, idle_ms: int = 1500) -> list[LedgerRecord]:
-    """Every record in ``ledger_topic``, oldest first (read with a throwaway subscription)."""
-    sub = f"pulsar-txn-scan-{uuid.uuid4().hex[:8]}"
-    c = await client.subscribe(ledger_topic, sub, initial_position=InitialPosition.Earliest,
-                               consumer_type=ConsumerType.Exclusive)
+    """Every record in ``ledger_topic``, oldest first, up to its end as of now (read with a Reader)."""
+    reader = await client.create_reader(ledger_topic, EARLIEST)
     out: list[LedgerRecord] = []
     try:
-        while True:
+        while await reader.has_message_available():
             try:
-                m = await c.receive(timeout_millis=idle_ms)
+                m = await reader.read_next(timeout_millis=max(idle_ms, 10000))
             except Timeout:
                 break
             try:
@@ -60,7 +57,7 @@ async def read_ledger(client: AsyncClient, ledger_topic: str, idle_ms: int = 150
             except LedgerSchemaError:
                 pass  # not ours (or a future schema): skip
     finally:
-        await c.unsubscribe()
+        await reader.close()
     return out
 
 
