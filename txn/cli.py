@@ -84,6 +84,8 @@ def cmd_process(args: argparse.Namespace) -> int:
         txn_timeout_ms=args.txn_timeout_ms,
         progress_interval_s=args.progress_interval,
         handler_spec=args.handler,
+        receiver_queue_size=args.receiver_queue_size,
+        max_inflight_commits=args.max_inflight_commits,
         **extra,
     )
     print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
@@ -148,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch-max-delay-ms", type=int, default=100)
     pr.add_argument("--max-attempts", type=int, default=3, help="aborts before a batch is narrowed / parked")
     pr.add_argument("--txn-timeout-ms", type=int, default=60000)
+    pr.add_argument("--receiver-queue-size", type=int, default=1000, help="consumer prefetch (bounded)")
+    pr.add_argument("--max-inflight-commits", type=int, default=2, help="batches committing in the background")
     pr.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in the output's namespace")
     pr.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     pr.add_argument("--exit-when-idle-ms", type=int, default=None, help="exit after this long without input")

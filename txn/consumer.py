@@ -533,6 +533,15 @@ class AsyncConsumer:
         """The subscription's name."""
         return self.conf.subscription_name
 
+    def partition_topics(self) -> list[str]:
+        """The topics (partitions) this consumer is subscribed to."""
+        return [s.topic for s in self._subs]
+
+    def receive_nowait(self) -> Message | None:
+        """A queued message, or ``None`` without waiting."""
+        self._check()
+        return self._queue.get_nowait()
+
     def _check(self) -> None:
         if self._closed:
             raise AlreadyClosed("consumer is closed", topic=self._topics[0])

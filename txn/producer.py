@@ -581,8 +581,10 @@ class AsyncProducer:
         part.check_usable()
         tid = _NO_TXN
         if txn is not None:
+            reg = txn._partitions.get(part.topic)  # noqa: SLF001
+            if reg is None or not reg.done() or reg.exception() is not None:
+                await txn.register_partition(part.topic)
             txn.check_open()
-            await txn.register_partition(part.topic)
             tid = txn.id
         if not part.has_space():
             if not self.conf.block_if_queue_full:
@@ -655,6 +657,10 @@ class AsyncProducer:
     def reconnect_count(self) -> int:
         """How many times partitions re-created themselves on the broker (each may have re-sent frames)."""
         return sum(p.reconnects for p in self._parts)
+
+    def partition_topics(self) -> list[str]:
+        """The topic (partition) names this producer writes to."""
+        return [p.topic for p in self._parts]
 
     def is_connected(self) -> bool:
         """True when every partition has a live broker connection."""

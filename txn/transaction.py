@@ -51,7 +51,8 @@ class AsyncTransaction:
         self._deadline = self._opened + timeout_ms / 1000.0
         self._partitions: dict[str, asyncio.Future[None]] = {}
         self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._ops: list[asyncio.Future[Any]] = []
+        self._pending_ops = 0
+        self._ops_idle: asyncio.Future[None] | None = None
         self._acked: dict[_TopicConsumer, list[MessageId]] = {}
         self._cumulative: set[_TopicConsumer] = set()
         self._op_error: BaseException | None = None
@@ -113,9 +114,38 @@ class AsyncTransaction:
             self._subscriptions, key, lambda: self._tc.add_subscriptions(self.id, [key])
         )
 
+    async def register_many(self, partitions: list[str], subscriptions: list[tuple[str, str]]) -> None:
+        """Register several partitions and subscriptions at once (one request each kind)."""
+        self.check_open()
+        parts = [p for p in dict.fromkeys(partitions) if p not in self._partitions]
+        subs = [x for x in dict.fromkeys(subscriptions) if x not in self._subscriptions]
+        loop = asyncio.get_running_loop()
+
+        async def reg(table: dict, keys: list, call) -> None:  # noqa: ANN001
+            if not keys:
+                return
+            futs = {}
+            for k in keys:
+                futs[k] = table[k] = loop.create_future()
+            try:
+                await call(keys)
+            except BaseException as exc:
+                for k, f in futs.items():
+                    table.pop(k, None)
+                    f.set_exception(exc)
+                    f.exception()
+                raise
+            for f in futs.values():
+                f.set_result(None)
+
+        await asyncio.gather(
+            reg(self._partitions, parts, lambda ks: self._tc.add_partitions(self.id, ks)),
+            reg(self._subscriptions, subs, lambda ks: self._tc.add_subscriptions(self.id, ks)),
+        )
+
     def add_op(self, fut: asyncio.Future[Any]) -> None:
         """Track a send or ack; commit waits for it and aborts if it failed."""
-        self._ops.append(fut)
+        self._pending_ops += 1
         fut.add_done_callback(self._op_done)
 
     def _op_done(self, fut: asyncio.Future[Any]) -> None:
@@ -123,6 +153,14 @@ class AsyncTransaction:
             self._op_error = self._op_error or asyncio.CancelledError()
         elif fut.exception() is not None:
             self._op_error = self._op_error or fut.exception()
+        self._pending_ops -= 1
+        if self._pending_ops == 0 and self._ops_idle is not None and not self._ops_idle.done():
+            self._ops_idle.set_result(None)
+
+    async def _wait_ops(self) -> None:
+        if self._pending_ops:
+            self._ops_idle = asyncio.get_running_loop().create_future()
+            await self._ops_idle
 
     def record_ack(self, consumer: _TopicConsumer, ids: list[MessageId], cumulative: bool) -> None:
         """Remember acks so an abort can hand the messages back to the consumer."""
@@ -143,8 +181,7 @@ class AsyncTransaction:
         # Past the deadline we still ask the broker: it is the authority, and its
         # answer (normally "not found": it aborted the transaction) goes in the error.
         self.state = TxnState.COMMITTING
-        if self._ops:
-            await asyncio.gather(*self._ops, return_exceptions=True)
+        await self._wait_ops()
         if self._op_error is not None:
             self.state = TxnState.OPEN
             try:
@@ -187,8 +224,7 @@ class AsyncTransaction:
         if self.state is not TxnState.OPEN:
             raise InvalidTxnStatus(f"cannot abort a transaction that is {self.state.value}", txn_id=self.id)
         self.state = TxnState.ABORTING
-        if self._ops:
-            await asyncio.gather(*self._ops, return_exceptions=True)
+        await self._wait_ops()
         try:
             await self._tc.end_txn(self.id, commit=False)
         except BaseException:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..topic import parse_topic
@@ -69,7 +69,7 @@ class LedgerRecord:
 
     def to_json(self) -> bytes:
         """Serialise (compact JSON, keys sorted)."""
-        d = asdict(self)
+        d = {name: getattr(self, name) for name in _FIELDS}
         d["duration_ms"] = self.duration_ms
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
@@ -104,6 +104,9 @@ async def ensure_ledger_retained(client: Any, ledger_topic: str) -> None:
     c = await client.subscribe(ledger_topic, RETENTION_SUBSCRIPTION, consumer_type=ConsumerType.Shared,
                                initial_position=InitialPosition.Earliest, receiver_queue_size=1)
     await c.close()
+
+
+_FIELDS = tuple(f.name for f in fields(LedgerRecord))
 
 
 def now_ms() -> int:

@@ -103,6 +103,7 @@ class ProcessorConfig:
     ledger_topic: str | None = None
     parking_suffix: str = "-parked"
     receiver_queue_size: int = 1000
+    max_pending_messages: int | None = None  # output producers' window; default 2 × batch, 1000..50000
     progress_interval_s: float = 5.0
     handler_spec: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -166,6 +167,7 @@ class AsyncProcessor:
         self._progress = progress
         self._async_handler = is_async(handler)
         self.fatal: BaseException | None = None
+        self._next_txn: asyncio.Task[AsyncTransaction] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -201,7 +203,10 @@ class AsyncProcessor:
         async with lock:
             p = self._producers.get(topic)
             if p is None:
-                p = await self.client.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=1)
+                c = self.config
+                window = c.max_pending_messages or min(max(1000, 2 * c.batch_max_messages), 50000)
+                p = await self.client.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=1,
+                                                      max_pending_messages=window)
                 self._producers[topic] = p
         return p
 
@@ -209,6 +214,9 @@ class AsyncProcessor:
         """Wait for commits in flight, then close producers and the consumer."""
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        task, self._next_txn = self._next_txn, None
+        if task is not None:
+            await _discard(task)
         for p in list(self._producers.values()) + ([self._ledger] if self._ledger else []):
             await p.close()
         if self._consumer is not None:
@@ -252,17 +260,24 @@ class AsyncProcessor:
     async def _collect(self) -> list[Message]:
         assert self._consumer is not None
         c = self.config
+        consumer = self._consumer
+        if self._next_txn is None and not self._stopping.is_set():
+            # Open the next batch's transaction while its messages arrive.
+            self._next_txn = asyncio.get_running_loop().create_task(
+                self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            )
         batch: list[Message] = []
         ids: set[tuple[str, Any]] = set()
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
         while len(batch) < c.batch_max_messages and not self._stopping.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                m = await self._consumer.receive(timeout_millis=max(1, int(left * 1000)))
-            except Timeout:
-                break
+            m = consumer.receive_nowait()
+            if m is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                m = await self._receive_or_stop(max(1, int(left * 1000)))
+                if m is None:
+                    break
             key = (m.topic_name(), m.message_id())
             if key in ids:
                 # Redelivered while its first copy is still here (after a reconnect or an abort).
@@ -271,6 +286,45 @@ class AsyncProcessor:
             ids.add(key)
             batch.append(m)
         return batch
+
+    async def _receive_or_stop(self, timeout_ms: int) -> Message | None:
+        """Wait for a message, the timeout, or :meth:`stop`, whichever comes first."""
+        assert self._consumer is not None
+        recv = asyncio.ensure_future(self._consumer.receive(timeout_millis=timeout_ms))
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not recv.done():
+            recv.cancel()
+            try:
+                await recv
+            except (asyncio.CancelledError, Timeout):
+                pass
+            return None
+        try:
+            return recv.result()
+        except Timeout:
+            return None
+
+    async def _take_txn(self) -> AsyncTransaction:
+        """The pre-opened transaction if it is still fresh, else a new one."""
+        c = self.config
+        task, self._next_txn = self._next_txn, None
+        if task is not None:
+            try:
+                t = await task
+            except PulsarError as exc:
+                raise _Transient(exc) from exc
+            age_ms = (time.monotonic() - t._opened) * 1000  # noqa: SLF001
+            if age_ms < c.txn_timeout_ms / 2:
+                return t
+            await _discard_txn(t)
+        try:
+            return await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        except PulsarError as exc:
+            raise _Transient(exc) from exc
 
     def _new_batch_id(self) -> str:
         self._seq += 1
@@ -317,24 +371,35 @@ class AsyncProcessor:
 
     async def _attempt(self, msgs: list[Message], batch_id: str, attempt: int) -> None:
         c = self.config
-        try:
-            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
-        except PulsarError as exc:
-            raise _Transient(exc) from exc
+        t = await self._take_txn()
         generation = self._generation()
         started = now_ms()
         inputs: dict[str, list[str]] = {}
         for m in msgs:
             inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
-        await self._record(
+        self._record_nowait(
             LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, inputs, started_at_ms=started,
                          config=self._record_config())
         )
         try:
-            outputs = await self._transform(msgs)
+            # Register what the batch will surely touch in two requests, while it is transformed.
+            assert self._consumer is not None and self._ledger is not None
+            parts = self._ledger.partition_topics() + self._producers[self.output].partition_topics()
+            subs = [(tp, c.subscription) for tp in {m.topic_name() for m in msgs}]
+            registering = asyncio.ensure_future(t.register_many(parts, subs))
+            try:
+                outputs = await self._transform(msgs)
+            finally:
+                try:
+                    await registering
+                except PulsarError as exc:
+                    raise _Transient(exc) from exc
             counts = await self._produce(outputs, t)
         except BatchFailed as failure:
             await self._abort(t, batch_id, attempt, inputs, started, failure)
+            raise
+        except _Transient as exc:
+            await self._abort(t, batch_id, attempt, inputs, started, exc.cause)
             raise
         except PulsarError as exc:
             # A broker-side failure before any ack: nothing was acknowledged, so retry the batch.
@@ -497,6 +562,21 @@ class AsyncProcessor:
                         pass
                 return
 
+    def _record_nowait(self, rec: LedgerRecord) -> None:
+        """Queue an informative record (STARTED) without waiting for its receipt."""
+        assert self._ledger is not None
+
+        async def go() -> None:
+            try:
+                fut = await self._ledger.send_async(rec.to_json(), partition_key=rec.batch_id)
+                await fut
+            except PulsarError as exc:
+                log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
+
+        task = asyncio.get_running_loop().create_task(go())
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
     async def _record(self, rec: LedgerRecord) -> None:
         assert self._ledger is not None
         try:
@@ -518,6 +598,21 @@ class AsyncProcessor:
             "parking_suffix": c.parking_suffix,
             "ledger_topic": self.ledger_topic,
         }
+
+
+async def _discard_txn(t: AsyncTransaction) -> None:
+    try:
+        await t.abort()
+    except PulsarError:
+        pass  # the broker's timeout aborts it
+
+
+async def _discard(task: asyncio.Task[AsyncTransaction]) -> None:
+    try:
+        t = await task
+    except BaseException:  # noqa: BLE001 - never opened
+        return
+    await _discard_txn(t)
 
 
 def _err(exc: BaseException) -> str:
