@@ -17,8 +17,14 @@ Measured, all on the same broker in one run:
 2. Consumer throughput: ``receive()`` + ``acknowledge()`` of N messages pre-filled
    by the official client (batched); fresh subscription (Earliest) per run.
 3. Transaction round trip (txn sync API): open, send 1 message in it, receive+ack
-   1 message in it, commit; p50/p99. Java figure: ``bin/pulsar-perf transaction``
-   (1 thread, 1 produced + 1 consumed per transaction) against the same broker.
+   1 message in it, commit; p50/p99/mean and per-phase p50s. Java figure: the Java
+   client running the same loop (``bench/TxnRoundTrip.java``). ``bin/pulsar-perf
+   transaction`` (1 thread, 1 produced + 1 consumed per transaction) never waits
+   for its commits, so it gives transactions/s, compared with txn's AsyncClient
+   running the same loop.
+
+Throughput rows also report the client process's CPU per message, which a busy
+machine skews less than msg/s.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import asyncio
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -76,6 +83,23 @@ def pct(sorted_xs: list[float], p: float) -> float:
     return sorted_xs[k]
 
 
+class Clock:
+    """Wall time and this process's CPU time (all threads, incl. the official client's C++ ones)."""
+
+    def __init__(self) -> None:
+        self.cpu0 = self._cpu()
+        self.t0 = time.perf_counter()
+
+    @staticmethod
+    def _cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def stop(self) -> tuple[float, float]:
+        """(wall seconds, CPU seconds) since construction."""
+        return time.perf_counter() - self.t0, self._cpu() - self.cpu0
+
+
 @dataclass
 class Row:
     """One measured quantity: per-run values for txn and the reference client."""
@@ -110,20 +134,44 @@ class CallbackCounter:
                     self.first_error = res
 
 
+def machine_load(own_broker_pid: int | None) -> str:
+    """CPU count, load average and other Pulsar JVMs running (they skew the numbers)."""
+    parts = [f"{os.cpu_count()} CPUs"]
+    try:
+        parts.append("load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+    except OSError:
+        pass
+    brokers = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == own_broker_pid:
+            continue
+        try:
+            if b"PulsarStandaloneStarter" in (d / "cmdline").read_bytes():
+                brokers += 1
+        except OSError:
+            continue
+    # With --service-url the broker under test may be one of them.
+    others = brokers if own_broker_pid else max(brokers - 1, 0)
+    if others:
+        parts.append(f"WARNING: {others} other Pulsar broker JVM(s) running on this machine; "
+                     "throughput figures will be noisy")
+    return "; ".join(parts)
+
+
 # --------------------------------------------------------------------------- producer
 
 
-def produce_official(url: str, n: int, payload: bytes) -> float:
+def produce_official(url: str, n: int, payload: bytes) -> tuple[float, float]:
     client = official_client(url)
     try:
         prod = client.create_producer(uniq("p-official"), block_if_queue_full=True, batching_enabled=True)
         cb = CallbackCounter()
         send = prod.send_async
-        t0 = time.perf_counter()
+        clock = Clock()
         for _ in range(n):
             send(payload, cb)
         prod.flush()
-        dt = time.perf_counter() - t0
+        dt = clock.stop()
         _check_counts("official producer", cb, n)
         prod.close()
         return dt
@@ -131,17 +179,17 @@ def produce_official(url: str, n: int, payload: bytes) -> float:
         client.close()
 
 
-def produce_txn_sync(url: str, n: int, payload: bytes) -> float:
+def produce_txn_sync(url: str, n: int, payload: bytes) -> tuple[float, float]:
     client = txn.Client(url)
     try:
         prod = client.create_producer(uniq("p-txn"), block_if_queue_full=True, batching_enabled=True)
         cb = CallbackCounter()
         send = prod.send_async
-        t0 = time.perf_counter()
+        clock = Clock()
         for _ in range(n):
             send(payload, cb)
         prod.flush()
-        dt = time.perf_counter() - t0
+        dt = clock.stop()
         _check_counts("txn producer", cb, n)
         prod.close()
         return dt
@@ -149,18 +197,18 @@ def produce_txn_sync(url: str, n: int, payload: bytes) -> float:
         client.close()
 
 
-def produce_txn_async(url: str, n: int, payload: bytes) -> float:
-    async def go() -> float:
+def produce_txn_async(url: str, n: int, payload: bytes) -> tuple[float, float]:
+    async def go() -> tuple[float, float]:
         async with txn.AsyncClient(url) as client:
             prod = await client.create_producer(uniq("p-txnasync"), block_if_queue_full=True,
                                                 batching_enabled=True)
             cb = CallbackCounter()
             send = prod.send_async
-            t0 = time.perf_counter()
+            clock = Clock()
             for _ in range(n):
                 await send(payload, cb)
             await prod.flush()
-            dt = time.perf_counter() - t0
+            dt = clock.stop()
             _check_counts("txn async producer", cb, n)
             await prod.close()
             return dt
@@ -191,48 +239,48 @@ def prefill(url: str, topic: str, n: int, payload: bytes) -> None:
         client.close()
 
 
-def consume_official(url: str, topic: str, n: int, size: int) -> float:
+def consume_official(url: str, topic: str, n: int, size: int) -> tuple[float, float]:
     client = official_client(url)
     try:
         cons = client.subscribe(topic, f"sub-{uuid.uuid4().hex[:8]}",
                                 initial_position=pulsar.InitialPosition.Earliest)
         receive, ack = cons.receive, cons.acknowledge
-        t0 = time.perf_counter()
+        clock = Clock()
         for _ in range(n):
             ack(receive())
-        dt = time.perf_counter() - t0
+        dt = clock.stop()
         cons.close()
         return dt
     finally:
         client.close()
 
 
-def consume_txn_sync(url: str, topic: str, n: int, size: int) -> float:
+def consume_txn_sync(url: str, topic: str, n: int, size: int) -> tuple[float, float]:
     client = txn.Client(url)
     try:
         cons = client.subscribe(topic, f"sub-{uuid.uuid4().hex[:8]}",
                                 initial_position=txn.InitialPosition.Earliest)
         receive, ack = cons.receive, cons.acknowledge
-        t0 = time.perf_counter()
+        clock = Clock()
         for _ in range(n):
             ack(receive())
-        dt = time.perf_counter() - t0
+        dt = clock.stop()
         cons.close()
         return dt
     finally:
         client.close()
 
 
-def consume_txn_async(url: str, topic: str, n: int, size: int) -> float:
-    async def go() -> float:
+def consume_txn_async(url: str, topic: str, n: int, size: int) -> tuple[float, float]:
+    async def go() -> tuple[float, float]:
         async with txn.AsyncClient(url) as client:
             cons = await client.subscribe(topic, f"sub-{uuid.uuid4().hex[:8]}",
                                           initial_position=txn.InitialPosition.Earliest)
             receive, ack = cons.receive, cons.acknowledge
-            t0 = time.perf_counter()
+            clock = Clock()
             for _ in range(n):
                 await ack(await receive())
-            dt = time.perf_counter() - t0
+            dt = clock.stop()
             await cons.close()
             return dt
 
@@ -277,7 +325,9 @@ def txn_pipelined(url: str, in_topic: str, seconds: float, payload: bytes) -> tu
 
     Per transaction: receive, ack in txn (not awaited), send in txn (not awaited),
     commit (not awaited; it waits for the txn's ops), then await the next NEW_TXN.
-    Returns (committed transactions, elapsed seconds).
+    Like the Java client's commit, ours is issued once the send is queued in the txn
+    (``send_async`` returns after ADD_PARTITION_TO_TXN), but the loop does not wait for it.
+    Returns (committed transactions, elapsed seconds); raises if any commit failed.
     """
 
     async def go() -> tuple[int, float]:
@@ -288,26 +338,37 @@ def txn_pipelined(url: str, in_topic: str, seconds: float, payload: bytes) -> tu
             prod = await client.create_producer(uniq("txn-pipe-out"), batching_max_publish_delay_ms=1)
             commits: set[asyncio.Task] = set()
             done = [0]
+            errors: list[BaseException] = []
 
             def finished(task: asyncio.Task) -> None:
                 commits.discard(task)
-                if not task.cancelled() and task.exception() is None:
+                if task.cancelled():
+                    errors.append(asyncio.CancelledError())
+                elif task.exception() is not None:
+                    errors.append(task.exception())
+                else:
                     done[0] += 1
+
+            async def send_then_commit(t: txn.AsyncTransaction) -> None:
+                await prod.send_async(payload, None, txn=t)
+                await t.commit()
 
             t = await client.new_transaction()
             t0 = time.perf_counter()
             end = t0 + seconds
             while time.perf_counter() < end:
                 msg = await cons.receive(timeout_millis=30_000)
+                # Tasks start in FIFO order, so the ack is registered in t before the commit gathers ops.
                 asyncio.ensure_future(cons.acknowledge(msg, t))
-                await prod.send_async(payload, None, txn=t)
-                task = asyncio.ensure_future(t.commit())
+                task = asyncio.ensure_future(send_then_commit(t))
                 commits.add(task)
                 task.add_done_callback(finished)
                 t = await client.new_transaction()
             if commits:
                 await asyncio.gather(*commits, return_exceptions=True)
             dt = time.perf_counter() - t0
+            if errors:
+                raise RuntimeError(f"{len(errors)} pipelined transactions failed; first: {errors[0]!r}")
             await t.abort()
             await prod.close()
             await cons.close()
@@ -321,6 +382,7 @@ _PERF_LAT = re.compile(
     r"Messages (ack|send) aggregated latency stats --- Latency: mean: +([\d.]+) ms - med: +([\d.]+)"
     r" - 95pct: +([\d.]+) - 99pct: +([\d.]+)"
 )
+_PERF_INTERVAL = re.compile(r"Throughput transaction: +(\d+) transaction executes --- +([\d.]+) transaction/s")
 _PERF_FAIL = re.compile(r"(\d+) transaction end failed --- (\d+) message ack failed --- (\d+) message send failed")
 
 
@@ -354,6 +416,14 @@ def java_perf(pulsar_home: Path, url: str, admin_url: str, in_topic: str, second
     if agg is None or "ack" not in lats or "send" not in lats:
         raise RuntimeError(f"could not parse pulsar-perf output (exit {proc.returncode}):\n{text[-3000:]}")
     res = {"txns": float(agg.group(1)), "rate": float(agg.group(2))}
+    # It prints a cumulative count every 10 s; the rate after the first report leaves out JVM warm-up.
+    res["steady_rate"] = res["rate"]
+    marks = [int(m.group(1)) for m in _PERF_INTERVAL.finditer(text)]
+    if marks and res["rate"] > 0:
+        elapsed = res["txns"] / res["rate"]
+        rest = elapsed - 10.0 * len(marks)
+        if rest >= 3.0:
+            res["steady_rate"] = (res["txns"] - marks[-1]) / rest
     fails = _PERF_FAIL.search(text)
     if fails:
         res["failed"] = float(sum(int(x) for x in fails.groups()))
@@ -374,8 +444,9 @@ _JAVA_OPENS = [
 def java_round_trips(pulsar_home: Path, url: str, in_topic: str, iterations: int, warmup: int,
                      size: int) -> dict[str, list[float]]:
     """Run bench/TxnRoundTrip.java (the txn loop, with the Java client); per-phase latencies in ms."""
-    java = shutil.which("java") if not os.environ.get("JAVA_HOME") else str(Path(os.environ["JAVA_HOME"]) / "bin/java")
-    javac = shutil.which("javac") if not os.environ.get("JAVA_HOME") else str(Path(os.environ["JAVA_HOME"]) / "bin/javac")
+    jhome = os.environ.get("JAVA_HOME")
+    java = str(Path(jhome) / "bin/java") if jhome else shutil.which("java")
+    javac = str(Path(jhome) / "bin/javac") if jhome else shutil.which("javac")
     if not java:
         raise RuntimeError("java not found")
     src = Path(__file__).resolve().parent / "TxnRoundTrip.java"
@@ -413,10 +484,10 @@ def java_round_trips(pulsar_home: Path, url: str, in_topic: str, iterations: int
 
 def _phase_summary(lat: dict[str, list[float]]) -> str:
     tot = sorted(lat["total"])
-    return ("p50 %.2f ms, p99 %.2f ms, mean %.2f ms; phase p50s: open %.2f, send %.2f, receive+ack %.2f, "
-            "commit %.2f ms" % (pct(tot, 50), pct(tot, 99), statistics.mean(tot), pct(sorted(lat["open"]), 50),
-                                pct(sorted(lat["send"]), 50), pct(sorted(lat["ack"]), 50),
-                                pct(sorted(lat["commit"]), 50)))
+    ph = {k: pct(sorted(lat[k]), 50) for k in ("open", "send", "ack", "commit")}
+    return (f"p50 {pct(tot, 50):.2f} ms, p99 {pct(tot, 99):.2f} ms, mean {statistics.mean(tot):.2f} ms; "
+            f"phase p50s: open {ph['open']:.2f}, send {ph['send']:.2f}, receive+ack {ph['ack']:.2f}, "
+            f"commit {ph['commit']:.2f} ms")
 
 
 # --------------------------------------------------------------------------- report
@@ -468,7 +539,7 @@ def main() -> int:
     ap.add_argument("--txn-warmup", type=int, default=20, help="unmeasured round trips first")
     ap.add_argument("--pipelined-seconds", type=float, default=10.0,
                     help="duration of txn's pulsar-perf-shaped transaction loop (0 = skip)")
-    ap.add_argument("--perf-seconds", type=int, default=15, help="pulsar-perf transaction -time (0 = skip it)")
+    ap.add_argument("--perf-seconds", type=int, default=20, help="pulsar-perf transaction -time (0 = skip it)")
     ap.add_argument("--no-java", action="store_true", help="skip both Java measurements")
     ap.add_argument("--service-url", help="use this broker instead of starting one")
     ap.add_argument("--admin-url", help="admin URL of --service-url's broker")
@@ -495,43 +566,54 @@ def main() -> int:
             broker.start()
             url, admin = broker.service_url, broker.admin_url
         progress(f"broker: {url} (admin {admin}); {n:,} messages of {args.size} B, {args.runs} runs")
+        progress("machine: " + machine_load(broker.pid if broker else None))
         rows: list[Row] = []
 
         # ---------------------------------------------------------------- 1. producer
         if "producer" in parts:
             mps_sync = Row("producer send_async, sync API", "msg/s")
             mbs_sync = Row("producer send_async, sync API", "MB/s")
+            cpu_sync = Row("producer client CPU per message, sync API", "us/msg", higher_is_better=False,
+                           note="user+sys CPU of the benchmark process (all threads, including the official "
+                                "client's C++ threads) during the timed region, divided by N; less sensitive "
+                                "to a busy machine than msg/s")
             mps_async = Row("producer send_async, txn AsyncClient (extra)", "msg/s")
             mbs_async = Row("producer send_async, txn AsyncClient (extra)", "MB/s")
-            # Warm-up both clients once (connection set-up, JIT-free but first-topic costs).
+            cpu_async = Row("producer client CPU per message, txn AsyncClient (extra)", "us/msg",
+                            higher_is_better=False)
+            # Warm-up: connection set-up in each client, and the broker's JIT.
             progress("producer: warm-up")
-            produce_official(url, min(n, 10_000), payload)
-            produce_txn_sync(url, min(n, 10_000), payload)
+            warm_n = min(n, 30_000)
+            produce_official(url, warm_n, payload)
+            produce_txn_sync(url, warm_n, payload)
+            produce_txn_async(url, warm_n, payload)
             jobs = [("official", produce_official), ("txn", produce_txn_sync), ("txn-async", produce_txn_async)]
             for run in range(args.runs):
                 order = jobs[run % 3:] + jobs[:run % 3]  # rotate to spread drift/warm-up evenly
                 for name, fn in order:
-                    dt = fn(url, n, payload)
-                    mps, mbs = n / dt, n * args.size / dt / 1e6
+                    dt, cpu = fn(url, n, payload)
+                    mps, mbs, us = n / dt, n * args.size / dt / 1e6, cpu / n * 1e6
                     progress(f"producer run {run + 1}/{args.runs} {name:9s}: {mps:10,.0f} msg/s {mbs:7.1f} MB/s "
-                             f"({dt:.2f} s)")
+                             f"({dt:.2f} s; client CPU {us:.1f} us/msg)")
                     if name == "official":
-                        mps_sync.ref.append(mps)
-                        mbs_sync.ref.append(mbs)
-                        mps_async.ref.append(mps)
-                        mbs_async.ref.append(mbs)
+                        for r, v in ((mps_sync, mps), (mbs_sync, mbs), (cpu_sync, us), (mps_async, mps),
+                                     (mbs_async, mbs), (cpu_async, us)):
+                            r.ref.append(v)
                     elif name == "txn":
-                        mps_sync.txn.append(mps)
-                        mbs_sync.txn.append(mbs)
+                        for r, v in ((mps_sync, mps), (mbs_sync, mbs), (cpu_sync, us)):
+                            r.txn.append(v)
                     else:
-                        mps_async.txn.append(mps)
-                        mbs_async.txn.append(mbs)
-            rows += [mps_sync, mbs_sync, mps_async, mbs_async]
+                        for r, v in ((mps_async, mps), (mbs_async, mbs), (cpu_async, us)):
+                            r.txn.append(v)
+            rows += [mps_sync, mbs_sync, cpu_sync, mps_async, mbs_async, cpu_async]
 
         # ---------------------------------------------------------------- 2. consumer
         if "consumer" in parts:
             c_sync = Row("consumer receive+acknowledge, sync API", "msg/s")
             c_async = Row("consumer receive+acknowledge, txn AsyncClient (extra)", "msg/s")
+            ccpu_sync = Row("consumer client CPU per message, sync API", "us/msg", higher_is_better=False)
+            ccpu_async = Row("consumer client CPU per message, txn AsyncClient (extra)", "us/msg",
+                             higher_is_better=False)
             topic = uniq("c-in")
             progress(f"consumer: pre-filling {topic} with {n:,} messages (official client, batched)")
             t0 = time.perf_counter()
@@ -547,17 +629,20 @@ def main() -> int:
             for run in range(args.runs):
                 order = jobs[run % 3:] + jobs[:run % 3]
                 for name, fn in order:
-                    dt = fn(url, topic, n, args.size)
-                    mps = n / dt
-                    progress(f"consumer run {run + 1}/{args.runs} {name:9s}: {mps:10,.0f} msg/s ({dt:.2f} s)")
+                    dt, cpu = fn(url, topic, n, args.size)
+                    mps, us = n / dt, cpu / n * 1e6
+                    progress(f"consumer run {run + 1}/{args.runs} {name:9s}: {mps:10,.0f} msg/s ({dt:.2f} s; "
+                             f"client CPU {us:.1f} us/msg)")
                     if name == "official":
-                        c_sync.ref.append(mps)
-                        c_async.ref.append(mps)
+                        for r, v in ((c_sync, mps), (ccpu_sync, us), (c_async, mps), (ccpu_async, us)):
+                            r.ref.append(v)
                     elif name == "txn":
                         c_sync.txn.append(mps)
+                        ccpu_sync.txn.append(us)
                     else:
                         c_async.txn.append(mps)
-            rows += [c_sync, c_async]
+                        ccpu_async.txn.append(us)
+            rows += [c_sync, ccpu_sync, c_async, ccpu_async]
 
         # ---------------------------------------------------------------- 3. transactions
         if "txn" in parts:
@@ -609,9 +694,10 @@ def main() -> int:
                 progress(f"transactions: Java bin/pulsar-perf transaction, 1 thread, {java_s} s (+ JVM start)")
                 try:
                     java = java_perf(home, url, admin, java_topic, java_s)
-                    progress("transactions: pulsar-perf %d txns, %.1f txn/s; send p50 %.2f p99 %.2f ms; ack p50 "
-                             "%.2f p99 %.2f ms" % (java["txns"], java["rate"], java["send_p50"], java["send_p99"],
-                                                   java["ack_p50"], java["ack_p99"]))
+                    progress(f"transactions: pulsar-perf {java['txns']:.0f} txns, {java['rate']:.1f} txn/s overall, "
+                             f"{java['steady_rate']:.1f} txn/s after its first 10 s report; send p50 "
+                             f"{java['send_p50']:.2f} p99 {java['send_p99']:.2f} ms; ack p50 {java['ack_p50']:.2f} "
+                             f"p99 {java['ack_p99']:.2f} ms")
                     if java.get("failed"):
                         progress(f"transactions: WARNING pulsar-perf reported {java['failed']:.0f} failures")
                 except Exception as exc:  # report, keep the rest of the table
@@ -627,7 +713,8 @@ def main() -> int:
             rows += [
                 Row(f"{rt} p50", "ms", stat(lat, "total", 50), stat(jlat, "total", 50), False,
                     "sequential, each step awaited; txn: sync Client; Java: the Java client running the same "
-                    "loop (bench/TxnRoundTrip.java, same broker, same run; it gets more warm-up iterations for the JIT)"),
+                    "loop (bench/TxnRoundTrip.java, same broker, same run; it gets more warm-up iterations "
+                    "for the JIT)"),
                 Row(f"{rt} p99", "ms", stat(lat, "total", 99), stat(jlat, "total", 99), False),
                 Row(f"{rt} mean", "ms", stat(lat, "total", None), stat(jlat, "total", None), False),
             ]
@@ -639,13 +726,18 @@ def main() -> int:
                         "commit without waiting, then block on the next NEW_TXN; txn: AsyncClient running that "
                         "same loop. pulsar-perf does not time commits, so it has no round-trip latency")
                 if java is not None:
-                    note += ("; its own latencies: send p50 %.2f / p99 %.2f ms, ack p50 %.2f / p99 %.2f ms"
-                             % (java["send_p50"], java["send_p99"], java["ack_p50"], java["ack_p99"]))
+                    note += (f"; its own latencies: send p50 {java['send_p50']:.2f} / p99 {java['send_p99']:.2f} ms, "
+                             f"ack p50 {java['ack_p50']:.2f} / p99 {java['ack_p99']:.2f} ms")
+                    note += (f"; Java figure excludes its first 10 s (JVM warm-up); overall it did "
+                             f"{java['rate']:.1f} txn/s")
                 rows.append(Row("transactions/s, pulsar-perf loop, 1 thread", "txn/s",
-                                [pipe] if pipe is not None else [], [java["rate"]] if java else [], True, note))
+                                [pipe] if pipe is not None else [], [java["steady_rate"]] if java else [], True,
+                                note))
 
         print_table(rows, f"median of {args.runs} runs, {n:,} x {args.size} B messages" if parts - {"txn"}
                     else "transactions")
+        print()
+        print(f"machine at the end: {machine_load(broker.pid if broker else None)}")
         print()
         progress("done")
         return 0
