@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..admin import admin_request
 from ..backoff import Backoff
 from ..errors import AlreadyClosed, MessageTooBig, ProducerBusy, PulsarError
-from ..localbroker import admin_request
 from ..message import MessageId
 from ..protocol import CompressionType, compress
 from ..topic import parse_topic
