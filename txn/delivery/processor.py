@@ -168,6 +168,8 @@ class AsyncProcessor:
         self._async_handler = is_async(handler)
         self.fatal: BaseException | None = None
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
+        #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
+        self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -486,10 +488,13 @@ class AsyncProcessor:
                 raise TransactionError("a producer reconnected during the transaction; aborting to stay exactly-once",
                                        txn_id=t.id)
             await t.commit()
+            commit_ms = (time.monotonic() - t0) * 1000
             self.stats.batches += 1
             self.stats.messages += len(msgs)
             self.stats.outputs += sum(counts.values())
-            self.stats.commit_ms_total += (time.monotonic() - t0) * 1000
+            self.stats.commit_ms_total += commit_ms
+            if self.on_commit is not None:
+                self.on_commit(batch_id, t.id, len(msgs), counts, commit_ms)
         except (PulsarError, TransactionError) as exc:
             self.stats.aborts += 1
             log.warning("batch %s (txn %s) did not commit: %s; the broker redelivers its inputs",

@@ -25,6 +25,11 @@ from .processor import PARK_BATCH, PARK_PROPS, PARK_SOURCE_TOPIC
 
 REPLAY_SUBSCRIPTION = "pulsar-txn-replay"
 
+#: Runtimes other than the per-message processor record ``config["runtime"]`` in the ledger;
+#: replay then loads the runtime's ``(transform spec, messages) -> outputs`` by name (the
+#: runtime lives in a higher layer, e.g. ``spark_jobs``, so it is not imported here).
+RUNTIME_REPLAYERS = {"spark": "spark_jobs.runtime:replay_outputs"}
+
 
 class ReplayError(Exception):
     """The batch cannot be replayed (unknown, not parked, no handler...)."""
@@ -84,11 +89,19 @@ async def replay_batch(
         raise ReplayError(f"batch {batch_id} has no parked messages (its records: {kinds}); aborted inputs go back "
                           "to the subscription and are reprocessed automatically")
     cfg = parked[-1].config
+    batch_outputs = None
     if handler is None:
         spec = cfg.get("handler")
         if not spec:
             raise ReplayError(f"batch {batch_id}: the job's handler is not importable; pass one explicitly")
-        handler = load_handler(spec)
+        runtime = cfg.get("runtime")
+        if runtime:
+            if runtime not in RUNTIME_REPLAYERS:
+                raise ReplayError(f"batch {batch_id}: unknown runtime {runtime!r} in the ledger")
+            replayer = load_handler(RUNTIME_REPLAYERS[runtime])
+            batch_outputs = lambda msgs: replayer(spec, msgs)  # noqa: E731
+        else:
+            handler = load_handler(spec)
     output = str(parse_topic(output or cfg.get("output") or ""))
     topics = sorted({r.parked_topic for r in parked if r.parked_topic})
     want = sum(sum(r.outputs.values()) for r in parked)
@@ -111,15 +124,21 @@ async def replay_batch(
         producers: dict[str, Any] = {}
         started = now_ms()
         try:
-            for m in msgs:
-                original = _as_original(m)
-                for o in normalise(await asyncio.get_running_loop().run_in_executor(None, handler, original)):
-                    topic = o.topic or output
-                    if topic not in producers:
-                        producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
-                    await producers[topic].send_async(o.content, properties=o.properties,
-                                                      partition_key=o.partition_key, txn=t)
-                    counts[topic] = counts.get(topic, 0) + 1
+            loop = asyncio.get_running_loop()
+            originals = [_as_original(m) for m in msgs]
+            if batch_outputs is not None:
+                outputs = await loop.run_in_executor(None, batch_outputs, originals)
+            else:
+                outputs = []
+                for original in originals:
+                    outputs.extend(normalise(await loop.run_in_executor(None, handler, original)))
+            for o in outputs:
+                topic = o.topic or output
+                if topic not in producers:
+                    producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
+                await producers[topic].send_async(o.content, properties=o.properties,
+                                                  partition_key=o.partition_key, txn=t)
+                counts[topic] = counts.get(topic, 0) + 1
             await consumer.acknowledge_many(msgs, t)
             inputs: dict[str, list[str]] = {}
             for m in msgs:

@@ -1,0 +1,739 @@
+"""The ``pulsar`` Spark source: batch and streaming reads of Pulsar topics by message-id ranges.
+
+Register it with ``spark.dataSource.register(PulsarDataSource)`` (or ``spark_jobs.register``)::
+
+    df = (spark.read.format("pulsar")
+          .option("service_url", "pulsar://127.0.0.1:6650")
+          .option("topics", "orders,persistent://public/default/invoices")
+          .load())
+
+Each Spark partition reads one topic partition from a start position (exclusive) to an end
+position (inclusive) with a non-durable reader (:class:`txn.AsyncReader`, on a client the
+task opens and closes itself); see :mod:`spark_jobs.offsets` for
+positions and the offsets JSON. Reads are read-committed: the broker never delivers the
+messages of open or aborted transactions to readers, and a partition's last message id (which
+ends a ``latest`` range) is the last message it can deliver.
+
+Options (names are case-insensitive):
+
+- ``service_url`` (required): ``pulsar://host:6650`` or ``pulsar+ssl://...``.
+- ``topics``: comma-separated topic names (short names are in ``public/default``); a
+  partitioned topic expands to all its partitions, ``<topic>-partition-<n>`` reads one.
+- ``topicsPattern``: a regex matched (``re.fullmatch``) against the fully qualified names of the
+  topics of one namespace, listed with the admin REST API (needs ``admin_url``). The namespace
+  is the pattern's prefix: ``persistent://tenant/ns/orders-.*`` (or ``tenant/ns/orders-.*``);
+  a bare pattern (``orders-.*``) is in ``public/default``. Exactly one of ``topics`` and
+  ``topicsPattern`` is required.
+- ``admin_url``: ``http://host:8080``; needed for ``topicsPattern``; when set, the topics of
+  ``topics`` are checked to exist (otherwise the broker's auto topic creation decides).
+- ``startingOffsets``: ``earliest`` (batch default), ``latest`` (streaming default) or JSON
+  ``{"<topic-partition>": "<ledger>:<entry>:<batchIndex>", ...}``; a start is exclusive,
+  partitions missing from the JSON start at ``earliest``. Ignored when a streaming query
+  restarts from its checkpoint.
+- ``endingOffsets`` (batch only): ``latest`` (default) or JSON; an end is inclusive and capped
+  at the partition's last message when the query is planned; partitions missing from the
+  JSON end at ``latest``.
+- ``maxMessagesPerTrigger`` (streaming): at most this many messages per micro-batch, over all
+  partitions (shared out evenly, the unused share of exhausted partitions going to the
+  others). The driver finds the cap positions by reading the capped range once. Use it with
+  the default or a processing-time trigger, *not* with ``Trigger.AvailableNow``: Spark 4.1's
+  Python Data Source API has no admission control, so for ``availableNow`` Spark calls
+  ``latestOffset()`` once and stops after one micro-batch up to it, i.e. after the first cap.
+  (``availableNow`` without the cap is fine: one micro-batch of everything available.)
+- ``partitionDiscoveryIntervalMs`` (streaming, default 10000): how often the topics (the
+  pattern's matches, partition counts) are resolved again; in between, each trigger only asks
+  the known partitions for their last message id.
+- ``pollTimeoutMs`` (default 60000): how long a read waits for a message known to be stored
+  before failing the task.
+- ``authToken`` (a token or ``file:///path``), ``tlsTrustCertsFilePath``,
+  ``tlsAllowInsecureConnection``: connection security (the token is also sent to the admin
+  API as a bearer token).
+
+Columns: ``key`` binary (the partition key's UTF-8 bytes, null if none), ``value`` binary,
+``topic`` string (without ``-partition-N``), ``partition`` int (-1 if not partitioned),
+``message_id`` string (``(ledger,entry,partition,batchIndex)``, :class:`txn.MessageId`'s
+``str``), ``message_id_bytes`` binary (``MessageId.serialize()``: the ``MessageIdData``
+protobuf, readable by ``txn.MessageId.deserialize`` and ``pulsar.MessageId.deserialize``),
+``publish_time`` timestamp, ``event_time`` timestamp (null when unset), ``properties``
+map<string,string>.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+import txn
+from txn.topic import parse_topic
+
+from .offsets import (
+    EARLIEST,
+    EARLIEST_POS,
+    LATEST,
+    Position,
+    canonical_partition,
+    format_position,
+    last_position,
+    offsets_from_json,
+    offsets_to_json,
+    parse_offsets,
+    pos_key,
+    position_of,
+    to_message_id,
+)
+
+SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("message_id", StringType()),
+    StructField("message_id_bytes", BinaryType()),
+    StructField("publish_time", TimestampType()),
+    StructField("event_time", TimestampType()),
+    StructField("properties", MapType(StringType(), StringType())),
+])
+
+_ROWS_PER_BATCH = 4096
+_NAME_PART = re.compile(r"[A-Za-z0-9_=:.\-]+")
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The parsed options of the ``pulsar`` source (see the module docstring)."""
+
+    service_url: str
+    topics: tuple[str, ...] | None = None
+    pattern: str | None = None
+    admin_url: str | None = None
+    starting: str | dict[str, Position | str] | None = None
+    ending: str | dict[str, Position | str] | None = None
+    max_per_trigger: int | None = None
+    poll_timeout_ms: int = 60000
+    discovery_interval_ms: int = 10000
+    auth_token: str | None = None
+    tls_trust_certs_file_path: str | None = None
+    tls_allow_insecure_connection: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> SourceOptions:
+        """Validate ``options`` (``ValueError`` naming the option on anything wrong)."""
+        o = {str(k).lower(): v for k, v in options.items() if v is not None}
+        url = str(o.get("service_url", "")).strip()
+        if not url:
+            raise ValueError("the pulsar source needs the option service_url (e.g. pulsar://127.0.0.1:6650)")
+        if not url.startswith(("pulsar://", "pulsar+ssl://")):
+            raise ValueError(f"service_url must start with pulsar:// or pulsar+ssl://, got {url!r}")
+        topics_raw = o.get("topics")
+        pattern = o.get("topicspattern")
+        if topics_raw is not None and pattern is not None:
+            raise ValueError("set exactly one of the options topics and topicsPattern, not both")
+        if topics_raw is None and pattern is None:
+            raise ValueError("the pulsar source needs one of the options topics (comma-separated names) "
+                             "or topicsPattern (a regex)")
+        topics: tuple[str, ...] | None = None
+        if topics_raw is not None:
+            names = [t.strip() for t in str(topics_raw).split(",") if t.strip()]
+            if not names:
+                raise ValueError(f"topics names no topic: {topics_raw!r}")
+            topics = tuple(dict.fromkeys(canonical_partition(t, f"topics: {t!r}") for t in names))
+            for t in topics:
+                if not t.startswith("persistent://"):
+                    raise ValueError(f"topics: {t} is not persistent; only persistent topics can be read by "
+                                     "message id")
+        admin_url = str(o["admin_url"]).strip().rstrip("/") if o.get("admin_url") else None
+        if pattern is not None:
+            pattern = str(pattern)
+            _split_pattern(pattern)  # validates
+            if not admin_url:
+                raise ValueError("topicsPattern needs the option admin_url (the admin REST API lists the "
+                                 "namespace's topics)")
+        starting = parse_offsets(o["startingoffsets"], "startingOffsets") if "startingoffsets" in o else None
+        ending = (parse_offsets(o["endingoffsets"], "endingOffsets", allow_earliest=False)
+                  if "endingoffsets" in o else None)
+        max_per_trigger = None
+        if "maxmessagespertrigger" in o:
+            max_per_trigger = _positive_int(o["maxmessagespertrigger"], "maxMessagesPerTrigger")
+        poll = _positive_int(o["polltimeoutms"], "pollTimeoutMs") if "polltimeoutms" in o else 60000
+        discovery = (_positive_int(o["partitiondiscoveryintervalms"], "partitionDiscoveryIntervalMs")
+                     if "partitiondiscoveryintervalms" in o else 10000)
+        insecure = str(o.get("tlsallowinsecureconnection", "false")).strip().lower()
+        if insecure not in ("true", "false"):
+            raise ValueError(f"tlsAllowInsecureConnection must be true or false, got {insecure!r}")
+        return cls(
+            service_url=url,
+            topics=topics,
+            pattern=pattern,
+            admin_url=admin_url,
+            starting=starting,
+            ending=ending,
+            max_per_trigger=max_per_trigger,
+            poll_timeout_ms=poll,
+            discovery_interval_ms=discovery,
+            auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
+            tls_trust_certs_file_path=str(o["tlstrustcertsfilepath"]) if o.get("tlstrustcertsfilepath") else None,
+            tls_allow_insecure_connection=insecure == "true",
+        )
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`txn.Client` / :class:`txn.AsyncClient`."""
+        kw: dict[str, Any] = {}
+        if self.auth_token:
+            kw["authentication"] = txn.AuthenticationToken(self.auth_token)
+        if self.tls_trust_certs_file_path:
+            kw["tls_trust_certs_file_path"] = self.tls_trust_certs_file_path
+        if self.tls_allow_insecure_connection:
+            kw["tls_allow_insecure_connection"] = True
+        return kw
+
+
+def _positive_int(value: Any, option: str) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{option} must be a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise ValueError(f"{option} must be a positive integer, got {value!r}")
+    return n
+
+
+def _split_pattern(pattern: str) -> tuple[str, str, str, re.Pattern[str]]:
+    """``topicsPattern`` -> (domain, tenant, namespace, compiled full-name regex)."""
+    text = pattern.strip()
+    if not text:
+        raise ValueError("topicsPattern is empty")
+    domain = "persistent"
+    if "://" in text:
+        domain, _, text = text.partition("://")
+    if domain != "persistent":
+        raise ValueError(f"topicsPattern: only persistent topics can be read, got domain {domain!r}")
+    parts = text.split("/", 2)
+    if len(parts) == 3:
+        tenant, namespace, local = parts
+    elif len(parts) == 1:
+        tenant, namespace, local = "public", "default", parts[0]
+    else:
+        raise ValueError(f"topicsPattern {pattern!r}: expected [persistent://]tenant/namespace/<regex> or a bare "
+                         "<regex> (in public/default)")
+    if not _NAME_PART.fullmatch(tenant) or not _NAME_PART.fullmatch(namespace):
+        raise ValueError(f"topicsPattern {pattern!r}: invalid tenant or namespace {tenant}/{namespace}")
+    try:
+        regex = re.compile(f"{re.escape(f'{domain}://{tenant}/{namespace}/')}(?:{local})")
+    except re.error as exc:
+        raise ValueError(f"topicsPattern {pattern!r} is not a valid regex: {exc}") from None
+    return domain, tenant, namespace, regex
+
+
+# ---------------------------------------------------------------- topic partitions
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    """One partition to read: its full name, base topic name and index (-1: not partitioned)."""
+
+    name: str
+    topic: str
+    partition: int
+
+    @classmethod
+    def of(cls, name: str) -> TopicPartition:
+        tn = parse_topic(name)
+        idx = tn.partition_index
+        return cls(str(tn), tn.base if idx >= 0 else str(tn), idx)
+
+
+class PulsarInputPartition(InputPartition):
+    """Read ``(start, end]`` of one topic partition (positions in text form)."""
+
+    def __init__(self, name: str, topic: str, partition: int, start: str, end: str) -> None:
+        super().__init__((name, start, end))
+        self.name, self.topic, self.partition, self.start, self.end = name, topic, partition, start, end
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PulsarInputPartition) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.start, self.end))
+
+
+def _admin_get(opts: SourceOptions, path: str) -> Any:
+    assert opts.admin_url
+    req = urllib.request.Request(opts.admin_url + path, method="GET", headers={"Accept": "application/json"})
+    if opts.auth_token:
+        tok = opts.auth_token
+        if tok.startswith("file://"):
+            with open(tok[len("file://"):]) as f:
+                tok = f.read().strip()
+        req.add_header("Authorization", f"Bearer {tok}")
+    ctx = None
+    if opts.admin_url.startswith("https://"):
+        ctx = ssl.create_default_context(cafile=opts.tls_trust_certs_file_path)
+        if opts.tls_allow_insecure_connection:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=ctx) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")[:300]
+        if exc.code == 404:
+            raise ValueError(f"admin_url {opts.admin_url}: GET {path} -> 404 (namespace not found?) {body}") from None
+        raise RuntimeError(f"admin_url {opts.admin_url}: GET {path} -> HTTP {exc.code} {body}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise RuntimeError(f"admin_url {opts.admin_url} is unreachable: {exc}") from None
+
+
+def _namespace_topics(opts: SourceOptions, domain: str, tenant: str, namespace: str) -> tuple[set[str], set[str]]:
+    """(non-partitioned topics and partitions, partitioned topics) of a namespace."""
+    base = f"/admin/v2/{domain}/{urllib.parse.quote(tenant)}/{urllib.parse.quote(namespace)}"
+    plain = set(_admin_get(opts, base) or [])
+    partitioned = set(_admin_get(opts, base + "/partitioned") or [])
+    return plain, partitioned
+
+
+class _Pulsar:
+    """An :class:`txn.AsyncClient` on an event-loop thread of its own; on the driver also topic
+    resolution, last message ids and the ``maxMessagesPerTrigger`` scan."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self._opts = opts
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pulsar-source", daemon=True)
+        self._thread.start()
+        self._probes: dict[str, Any] = {}
+        try:
+            self.client: txn.AsyncClient = self.run(self._make())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _make(self) -> txn.AsyncClient:
+        return txn.AsyncClient(self._opts.service_url, **self._opts.client_kwargs())
+
+    def run(self, coro: Any) -> Any:
+        """Run ``coro`` on the client's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def close(self) -> None:
+        try:
+            self.run(self.client.close())
+        finally:
+            self._stop_loop()
+
+    # -- topics
+
+    def resolve(self) -> list[TopicPartition]:
+        """The topic partitions to read, sorted by name."""
+        opts = self._opts
+        if opts.pattern is not None:
+            domain, tenant, namespace, regex = _split_pattern(opts.pattern)
+            plain, partitioned = _namespace_topics(opts, domain, tenant, namespace)
+            # Partitions of partitioned topics are listed too: match the partitioned topic instead.
+            candidates = {t for t in plain if TopicPartition.of(t).topic not in partitioned} | partitioned
+            names = sorted(t for t in candidates if regex.fullmatch(t))
+            if not names:
+                raise ValueError(f"topicsPattern {opts.pattern!r} matches no topic of {tenant}/{namespace}")
+        else:
+            assert opts.topics is not None
+            names = list(opts.topics)
+            if opts.admin_url:
+                self._check_exist(names)
+        out: set[TopicPartition] = set()
+        for name in names:
+            tp = TopicPartition.of(name)
+            if tp.partition >= 0:
+                out.add(tp)
+                continue
+            for p in self.run(self.client.get_topic_partitions(name)):
+                out.add(TopicPartition.of(p) if p != name else TopicPartition(name, name, -1))
+        return sorted(out)
+
+    def _check_exist(self, names: list[str]) -> None:
+        listed: dict[tuple[str, str, str], tuple[set[str], set[str]]] = {}
+        for name in names:
+            tn = parse_topic(name)
+            ns = (tn.domain, tn.tenant, tn.namespace)
+            if ns not in listed:
+                listed[ns] = _namespace_topics(self._opts, *ns)
+            plain, partitioned = listed[ns]
+            tp = TopicPartition.of(name)
+            if name in plain or name in partitioned or (tp.partition >= 0 and tp.topic in partitioned):
+                continue
+            raise ValueError(f"topics: unknown topic {name} (not listed by the admin API at {self._opts.admin_url})")
+
+    # -- positions
+
+    async def _last(self, name: str) -> Position | None:
+        r = self._probes.get(name)
+        if r is None:
+            r = await self.client.create_reader(name, txn.LATEST, receiver_queue_size=1)
+            self._probes[name] = r
+        return last_position(await r._sub.get_last_message_id())  # the reader's subscription
+
+    def last_positions(self, names: list[str]) -> dict[str, Position | None]:
+        """Each partition's last deliverable message (None if it has none)."""
+
+        async def all_() -> list[Position | None]:
+            return await asyncio.gather(*(self._last(n) for n in names))
+
+        return dict(zip(names, self.run(all_()), strict=True))
+
+    def scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int) -> dict[str, Position]:
+        """Positions at most ``budget`` messages after ``starts`` (in total), not beyond ``ends``."""
+        return self.run(self._scan(starts, ends, budget, self._opts.poll_timeout_ms))
+
+    async def _scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int,
+                    poll_ms: int) -> dict[str, Position]:
+        result = dict(starts)
+        active = [n for n in sorted(ends) if pos_key(starts[n]) < pos_key(ends[n])]
+        readers: dict[str, Any] = {}
+        try:
+            while budget > 0 and active:
+                share, extra = divmod(budget, len(active))
+                still: list[str] = []
+                for i, name in enumerate(active):
+                    quota = share + (1 if i < extra else 0)
+                    if quota == 0:
+                        still.append(name)
+                        continue
+                    if name not in readers:
+                        readers[name] = await self.client.create_reader(
+                            name, _start_id(starts[name]), receiver_queue_size=min(max(quota, 10), 1000))
+                    result[name], done, n = await _take(readers[name], name, result[name], ends[name], quota,
+                                                        poll_ms)
+                    budget -= n
+                    if not done:
+                        still.append(name)
+                active = still
+        finally:
+            await asyncio.gather(*(r.close() for r in readers.values()), return_exceptions=True)
+        return result
+
+
+def _stored(text: str, name: str) -> Position:
+    return offsets_from_json({name: text}, "range")[name]
+
+
+def _start_id(pos: Position) -> txn.MessageId:
+    return txn.EARLIEST if pos == EARLIEST_POS else to_message_id(pos)
+
+
+async def _take(reader: Any, name: str, at: Position, end: Position, limit: int, poll_ms: int,
+                sink: list[txn.Message] | None = None) -> tuple[Position, bool, int]:
+    """Read up to ``limit`` messages after ``at`` and not beyond ``end`` (appended to ``sink``).
+
+    Returns (the position of the last one, whether ``end`` was reached, how many).
+    """
+    n = 0
+    while n < limit:
+        try:
+            m = await reader.read_next(poll_ms)
+        except txn.Timeout:
+            raise RuntimeError(
+                f"pulsar source: no message from {name} within pollTimeoutMs={poll_ms} ms after position "
+                f"{format_position(at)} while reading up to {format_position(end)}") from None
+        mid = m.message_id()
+        pos = position_of(mid)
+        if pos_key(pos) <= pos_key(at):
+            continue  # at or before where we are: a redelivery
+        if pos_key(pos) > pos_key(end):
+            return at, True, n
+        at = pos
+        n += 1
+        if sink is not None:
+            sink.append(m)
+        if _reached(pos, mid.batch_size, end):
+            return at, True, n
+    return at, False, n
+
+
+def _reached(pos: Position, batch_size: int, end: Position) -> bool:
+    """True if the message at ``pos`` is the last one of the range ending at ``end``."""
+    if pos[:2] != end[:2]:
+        return pos_key(pos) >= pos_key(end)
+    if end[2] >= 0:
+        return pos[2] >= end[2]
+    return pos[2] < 0 or (batch_size > 0 and pos[2] >= batch_size - 1)
+
+
+# ------------------------------------------------------------------------- reading
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema([
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("message_id", pa.string()),
+        ("message_id_bytes", pa.binary()),
+        ("publish_time", ts),
+        ("event_time", ts),
+        ("properties", pa.map_(pa.string(), pa.string())),
+    ])
+
+
+def read_partition(opts: SourceOptions, part: PulsarInputPartition | None) -> Iterator[Any]:
+    """Yield the messages of ``(part.start, part.end]`` as Arrow record batches (runs on executors).
+
+    The task has its own client, on an event-loop thread of its own (one thread hop per
+    record batch rather than one per message, as :class:`txn.Client` would); closed at the end.
+    """
+    if part is None:
+        return
+    start, end = _stored(part.start, part.name), _stored(part.end, part.name)
+    if pos_key(start) >= pos_key(end):
+        return
+    schema = _arrow_schema()
+    conn = _Pulsar(opts)
+    try:
+        reader = conn.run(conn.client.create_reader(part.name, _start_id(start), receiver_queue_size=1000))
+        at, done = start, False
+        while not done:
+            msgs: list[txn.Message] = []
+            at, done, _ = conn.run(_take(reader, part.name, at, end, _ROWS_PER_BATCH, opts.poll_timeout_ms, msgs))
+            if msgs:
+                yield _to_arrow(msgs, part, schema)
+    finally:
+        conn.close()
+
+
+def _to_arrow(msgs: list[txn.Message], part: PulsarInputPartition, schema: Any) -> Any:
+    import pyarrow as pa
+
+    cols: list[list[Any]] = [[] for _ in range(len(schema))]
+    key, value, topic, partition, mid_s, mid_b, publish, event, props = cols
+    for m in msgs:
+        mid = m.message_id()
+        full = txn.MessageId(mid.ledger_id, mid.entry_id, part.partition, mid.batch_index, mid.batch_size)
+        k = m._key  # None when the message has no key (partition_key() returns "" then)
+        et = m.event_timestamp()
+        key.append(k.encode() if k is not None else None)
+        value.append(m.data())
+        mid_s.append(str(full))
+        mid_b.append(full.serialize())
+        publish.append(m.publish_timestamp() * 1000)
+        event.append(et * 1000 if et else None)
+        props.append(list(m.properties().items()))
+    topic.extend([part.topic] * len(msgs))
+    partition.extend([part.partition] * len(msgs))
+    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)],
+                                      schema=schema)
+
+
+# -------------------------------------------------------------------------- Spark
+
+
+def _spec_for(spec: str | dict[str, Position | str] | None, name: str, unset: str, missing: str) -> Position | str:
+    """``name``'s position in an offsets option: ``unset`` without the option, ``missing`` when
+    its JSON does not name the partition."""
+    if spec is None:
+        return unset
+    if isinstance(spec, str):
+        return spec
+    return spec.get(name, missing)
+
+
+def _check_keys(spec: str | dict[str, Position | str] | None, option: str, tps: list[TopicPartition]) -> None:
+    if not isinstance(spec, dict):
+        return
+    known = {tp.name for tp in tps}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ValueError(f"{option} names {', '.join(unknown)}, not among the topic partitions read: "
+                         f"{', '.join(sorted(known))}")
+
+
+def _start_position(spec: Position | str, last: Position | None) -> Position:
+    if spec == EARLIEST:
+        return EARLIEST_POS
+    if spec == LATEST:
+        return last if last is not None else EARLIEST_POS
+    return spec  # type: ignore[return-value]
+
+
+class PulsarBatchReader(DataSourceReader):
+    """Batch reads: the ranges are fixed when the query is planned."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        opts = self.opts
+        planner = _Pulsar(opts)
+        try:
+            tps = planner.resolve()
+            _check_keys(opts.starting, "startingOffsets", tps)
+            _check_keys(opts.ending, "endingOffsets", tps)
+            lasts = planner.last_positions([tp.name for tp in tps])
+        finally:
+            planner.close()
+        out: list[InputPartition] = []
+        for tp in tps:
+            last = lasts[tp.name]
+            if last is None:
+                continue
+            start = _start_position(_spec_for(opts.starting, tp.name, EARLIEST, EARLIEST), last)
+            end_spec = _spec_for(opts.ending, tp.name, LATEST, LATEST)
+            end = last if end_spec == LATEST else min(end_spec, last, key=pos_key)  # type: ignore[arg-type]
+            if pos_key(start) < pos_key(end):
+                out.append(PulsarInputPartition(tp.name, tp.topic, tp.partition, format_position(start),
+                                                format_position(end)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_partition(self.opts, partition)  # type: ignore[arg-type]
+
+
+class PulsarStreamReader(DataSourceStreamReader):
+    """Micro-batch reads. An offset is ``{topic partition: position}`` (the offsets JSON form),
+    the position of the last message a micro-batch includes; new partitions (a partitioned
+    topic grown, a new topic matching ``topicsPattern``) are picked up every
+    ``partitionDiscoveryIntervalMs`` and read from ``earliest``.
+
+    ``latestOffset()`` gets no start offset from Spark, so the reader remembers where the next
+    micro-batch starts: the end of the last planned range (``partitions(start, end)``; Spark
+    also calls it with ``(latest, latest)`` when a query restarts from its checkpoint), else
+    the initial offset.
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._planner: _Pulsar | None = None
+        self._initial: dict[str, str] | None = None
+        self._next_start: dict[str, str] | None = None
+        self._tps: list[TopicPartition] = []
+        self._tps_at = float("-inf")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "_planner": None, "_initial": None, "_next_start": None, "_tps": [],
+                "_tps_at": float("-inf")}
+
+    def _resolve(self) -> list[TopicPartition]:
+        now = time.monotonic()
+        if now - self._tps_at >= self.opts.discovery_interval_ms / 1000:
+            self._tps, self._tps_at = self._p().resolve(), now
+        return self._tps
+
+    def _p(self) -> _Pulsar:
+        if self._planner is None:
+            self._planner = _Pulsar(self.opts)
+        return self._planner
+
+    def initialOffset(self) -> dict:
+        if self._initial is None:
+            planner = self._p()
+            tps = self._resolve()
+            _check_keys(self.opts.starting, "startingOffsets", tps)
+            lasts = planner.last_positions([tp.name for tp in tps])
+            self._initial = offsets_to_json({
+                tp.name: _start_position(_spec_for(self.opts.starting, tp.name, LATEST, EARLIEST), lasts[tp.name])
+                for tp in tps
+            })
+        return dict(self._initial)
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        # ``start``/``limit``: the admission-control form of later Spark versions (SPARK-55304);
+        # Spark 4.1 calls latestOffset() without arguments.
+        if start is None:
+            start = self._next_start if self._next_start is not None else self.initialOffset()
+        start = offsets_from_json(start, "start offset")
+        cap = None if type(limit).__name__ == "ReadAllAvailable" else self.opts.max_per_trigger
+        planner = self._p()
+        tps = self._resolve()
+        lasts = planner.last_positions([tp.name for tp in tps])
+        grown: dict[str, Position] = {}
+        for tp in tps:
+            last = lasts[tp.name]
+            if last is not None and pos_key(last) > pos_key(start.get(tp.name, EARLIEST_POS)):
+                grown[tp.name] = last
+        if grown and cap is not None:
+            grown = planner.scan({n: start.get(n, EARLIEST_POS) for n in grown}, grown, cap)
+        ends = dict(start)
+        for n, p in grown.items():
+            if n in start or p != EARLIEST_POS:  # a new partition joins once it has something to read
+                ends[n] = p
+        return offsets_to_json(ends)
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        self._next_start = dict(end)
+        s = offsets_from_json(start, "start offset")
+        e = offsets_from_json(end, "end offset")
+        out: list[InputPartition] = []
+        for name in sorted(e):
+            a = s.get(name, EARLIEST_POS)
+            if pos_key(a) < pos_key(e[name]):
+                tp = TopicPartition.of(name)
+                out.append(PulsarInputPartition(name, tp.topic, tp.partition, format_position(a),
+                                                format_position(e[name])))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_partition(self.opts, partition)  # type: ignore[arg-type]
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            planner, self._planner = self._planner, None
+            planner.close()
+
+
+class PulsarDataSource(DataSource):
+    """``spark.read.format("pulsar")`` / ``spark.readStream.format("pulsar")``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = SourceOptions.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "pulsar"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PulsarBatchReader(self.parsed)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self.parsed.ending is not None:
+            raise ValueError("endingOffsets is for batch queries only; a streaming query reads on and on")
+        return PulsarStreamReader(self.parsed)
+
+
+__all__ = ["SCHEMA", "PulsarDataSource", "PulsarInputPartition", "SourceOptions", "TopicPartition"]
