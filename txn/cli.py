@@ -119,6 +119,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_spark_submit(args: argparse.Namespace) -> int:
     import logging
+    import os
 
     from pyspark.sql import SparkSession
 
@@ -127,6 +128,8 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
     from spark_jobs.runtime import run_job
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Python workers must run this interpreter (the one with txn, pyarrow and the job's code).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spec = JOBS.get(args.job_spec, args.job_spec)
     spark = (SparkSession.builder.master(args.master).appName(f"pulsar-txn {args.job or args.job_spec}")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))

@@ -1,0 +1,537 @@
+"""``pulsar-txn``: an exactly-once Spark sink for Pulsar (Python Data Source API).
+
+.. code-block:: python
+
+    from spark_jobs.sink import PulsarTxnDataSource
+    spark.dataSource.register(PulsarTxnDataSource)
+    (df.select("key", "value", "properties")
+       .write.format("pulsar-txn").mode("append")
+       .option("service_url", "pulsar://broker:6650").option("admin_url", "http://broker:8080")
+       .option("topic", "persistent://tenant/ns/out")
+       .save())
+
+Columns: ``value`` (binary or string, required), ``key`` (string or binary (UTF-8), optional),
+``topic`` (string, optional: a per-row override of the ``topic`` option), ``properties``
+(map<string,string>, optional). Other columns are refused.
+
+Options: ``service_url`` (required); ``admin_url`` (used to check deduplication; without it a
+warning is logged); ``topic``; ``txn_timeout_ms`` (default 60000: the whole write, or micro-batch,
+must finish within it); ``ledger_topic`` (default ``pulsar-txn-ledger`` in ``topic``'s namespace;
+required without ``topic``); ``job`` (the name in the ledger, default ``spark-pulsar-txn``);
+``deterministic_order`` (default true, see below); streaming: ``query_id`` (see below);
+``batch_id`` (with ``query_id``: makes a batch write one idempotent micro-batch, as
+``write_batch_exactly_once`` does).
+
+One transaction per write
+-------------------------
+A batch write (``df.write``) is one Pulsar transaction. The driver opens it in the writer's
+constructor (a short-lived client; only the transaction id and timeout are kept, because the
+writer object is pickled to the executors). Each task produces its partition into that
+transaction (``transaction_from_id``) and returns a commit message only after every receipt
+(flush), with its per-topic counts. ``commit(messages)`` on the driver writes a ``COMMITTED``
+ledger record *inside* the transaction (job, batch id ``<job>:<write id>``, outputs per topic
+summed from the commit messages) and commits; ``abort(messages)`` aborts and writes ``ABORTED``.
+Read-committed consumers see nothing of a write before its commit and nothing ever of an
+aborted one; the ledger has a ``COMMITTED`` record exactly when the rows are visible.
+
+Retried and speculative tasks: broker deduplication
+---------------------------------------------------
+Spark re-runs a task after a failure (up to ``spark.task.maxFailures``) and may run a
+speculative copy next to a slow one, and all of them produce into the same transaction, so the
+sink must make every attempt of a task write the *same* messages, which the broker then stores
+once. It does so with broker deduplication (it must be enabled on the output namespaces; with
+``admin_url`` the driver checks it for ``topic``, and each task for every topic it writes to,
+through the admin REST API, and refuses to write when it is off):
+
+- a task produces with producers named from (transaction id, Spark partition id):
+  ``ptxn-<most>-<least>-p<partition>``, the same for every attempt of that partition and
+  different for every other task and every other write;
+- each row gets a sequence id: its index among the task's rows bound for the same topic
+  partition (the task routes keyed rows by the key's hash like the client does, unkeyed rows
+  round-robin by index, and produces to each partition directly);
+- a second attempt therefore re-sends the same rows with the same ``(producer name, sequence
+  id)``: the broker drops those it already stored (receipt ``-1:-1``; the commit message counts
+  them as ``duplicates``) and stores the rest. Every attempt sends all its rows rather than
+  skipping the ``last_sequence_id`` the broker reports on producer creation, because that
+  number is the highest id *pushed*, which may include in-flight writes of a killed attempt that
+  can still fail; re-sending lets the broker decide (a message between its persisted and pushed
+  ids is answered with an error, and the producer re-sends it after a reconnect until it is
+  resolved either way);
+- attempts of one task never produce concurrently: before its first send each takes a *lease*,
+  a producer named ``<name>-lease`` on the ledger topic that sends nothing. The broker refuses a
+  second producer with a connected name (``ProducerBusy``), so an attempt waits until the one
+  producing finishes, fails or dies (its connection closes), up to the transaction's timeout,
+  then re-sends everything (all duplicates if the other finished). This also keeps two attempts
+  from each holding one of the other's producers. An attempt slow *before* its first send (slow
+  input, the usual reason for speculation) holds nothing, so a speculative copy can overtake it;
+- sequence ids only work if every attempt sees the same rows in the same order, which a
+  shuffle does not guarantee. With ``deterministic_order=true`` (the default) a task first reads
+  its whole partition and sorts it by content (topic, key, value, sorted properties) before
+  numbering, so identical inputs get identical ids whatever order they arrive in (the partition
+  is held in memory). ``deterministic_order=false`` streams rows as they come, for inputs whose
+  partition order is stable across attempts (no shuffle, or a sort within partitions). Either
+  way the *contents* of a partition must be the same in every attempt: a non-deterministic
+  transformation (``rand()``, ``now()``, a non-deterministic UDF) upstream breaks the guarantee.
+
+Producers do not batch: the broker deduplicates a batch by its first sequence id, so a batch
+cut at a timing-dependent point (a flush on close after an error, a zombie attempt re-sending
+its own batches) could make it drop rows it never stored; one message per sequence id is exact.
+This costs throughput (a few thousand rows/s per task on a small machine). Deduplication keeps
+per producer name state on the broker, purged after
+``brokerDeduplicationProducerInactivityTimeoutMinutes`` (default 360) of inactivity; each task
+of each write uses its own names.
+
+Streaming: one transaction per micro-batch
+------------------------------------------
+``df.writeStream.format("pulsar-txn")`` writes each micro-batch in one transaction. PySpark's
+``DataSourceStreamWriter`` has no driver hook before a micro-batch's tasks, and ``write()`` is not
+told the batch id, but PySpark 4.1 (``PythonStreamingWrite.createStreamingWriterFactory``, which
+runs ``pyspark/sql/worker/write_into_data_source.py``) creates a *fresh* stream writer on the
+driver for every micro-batch and pickles it into that batch's tasks. The writer opens the
+transaction when it is pickled (``__getstate__``), i.e. once per micro-batch on the driver, and
+every task of the batch produces into it. ``commit(messages, batchId)`` runs on another writer
+instance (``python_streaming_sink_runner.py`` calls ``streamWriter()`` again, without pickling),
+so it takes the transaction id from the commit messages (a batch without tasks gets a
+transaction of its own for its records). Opening lazily keeps that instance from opening one.
+
+A micro-batch that Spark replays after a failure (the driver died after the sink committed but
+before Spark logged the batch as done) must not be written twice. The ``COMMITTED`` record of a
+micro-batch carries the query's identity and the batch id (``config.stream_key``,
+``config.spark_batch_id``; batch id ``<job>:<query>:<batch>``) and is also written, inside the
+transaction, to a per-query marker topic (``pulsar-txn-stream-<hash>`` next to the ledger).
+Before committing, ``commit`` looks there: if the batch already has a marker, it aborts this
+transaction instead (and writes an ``ABORTED`` record, ``DuplicateMicroBatch``), so the replay's
+rows are never visible. The check happens at commit rather
+than before the tasks run because nothing before the tasks knows the batch id; the result is the
+same. The query's identity is the ``query_id`` option, or else the Spark query id read from
+``<checkpointLocation>/metadata`` (a local checkpoint); a new checkpoint means a new query.
+Markers are written in batch order, so the check reads the tail of the marker topic up to a
+probe message it writes first (a transaction left open by a crashed driver holds the probe back:
+then the batch fails rather than guess).
+
+``write_batch_exactly_once(batch_df, batch_id, query_id, options)`` is the same for
+``foreachBatch``: it skips a batch already committed before running any task, then writes it as
+one transaction with the same marker.
+
+When the writer opens a micro-batch's transaction it also leaves a ``STARTED`` record with the
+transaction id on the marker topic (outside the transaction): ``abort(messages, batchId)`` gets
+no writer state and, when every task failed, no transaction id in the messages, so it aborts the
+newest STARTED transaction of the query instead of leaving it open until its timeout (an open
+transaction holds back read-committed consumers of its topics).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
+
+from .sink_runtime import (
+    DeduplicationDisabled,
+    SinkError,
+    TaskPlan,
+    abort_stream_batch,
+    abort_transaction,
+    canonical_topic,
+    checkpoint_query_id,
+    commit_transaction,
+    is_stream_batch_committed,
+    open_transaction,
+    record_stream_open,
+    require_deduplication,
+    run,
+    write_ledger,
+    write_partition,
+)
+
+__all__ = [
+    "FORMAT",
+    "DeduplicationDisabled",
+    "PulsarTxnDataSource",
+    "PulsarTxnStreamWriter",
+    "PulsarTxnWriter",
+    "SinkCommitMessage",
+    "SinkError",
+    "SinkOptions",
+    "write_batch_exactly_once",
+]
+
+log = logging.getLogger("spark_jobs.sink")
+
+FORMAT = "pulsar-txn"
+DEFAULT_JOB = "spark-pulsar-txn"
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+# ------------------------------------------------------------------------------ options
+
+
+@dataclass(slots=True)
+class SinkOptions:
+    """The sink's options, validated."""
+
+    service_url: str
+    admin_url: str | None = None
+    topic: str | None = None
+    txn_timeout_ms: int = 60000
+    ledger_topic: str = ""
+    job: str = DEFAULT_JOB
+    deterministic_order: bool = True
+    query_id: str | None = None
+    batch_id: int | None = None
+    checkpoint_location: str | None = None
+
+    @classmethod
+    def parse(cls, options: Any) -> SinkOptions:
+        """From Spark's (case-insensitive) options; raises :class:`SinkError` on bad ones."""
+        o = {str(k).lower(): v for k, v in dict(options or {}).items()}
+        url = o.get("service_url") or o.get("serviceurl")
+        if not url:
+            raise SinkError("the pulsar-txn sink needs option service_url (e.g. pulsar://localhost:6650)")
+        topic = o.get("topic") or None
+        try:
+            topic = canonical_topic(topic) if topic else None
+        except ValueError as exc:
+            raise SinkError(f"option topic: {exc}") from None
+        ledger = o.get("ledger_topic") or None
+        if ledger is None:
+            if topic is None:
+                raise SinkError("without option topic the pulsar-txn sink needs option ledger_topic")
+            ledger = default_ledger_topic(topic)
+        try:
+            ledger = canonical_topic(ledger)
+        except ValueError as exc:
+            raise SinkError(f"option ledger_topic: {exc}") from None
+        try:
+            timeout = int(o.get("txn_timeout_ms", 60000))
+        except ValueError:
+            raise SinkError(f"option txn_timeout_ms must be an integer, got {o.get('txn_timeout_ms')!r}") from None
+        if timeout <= 0:
+            raise SinkError("option txn_timeout_ms must be positive")
+        det = str(o.get("deterministic_order", "true")).strip().lower()
+        if det not in _TRUE + _FALSE:
+            raise SinkError(f"option deterministic_order must be true or false, got {det!r}")
+        batch_id = o.get("batch_id")
+        try:
+            batch_id = None if batch_id in (None, "") else int(batch_id)
+        except ValueError:
+            raise SinkError(f"option batch_id must be an integer, got {batch_id!r}") from None
+        query_id = o.get("query_id") or None
+        if batch_id is not None and not query_id:
+            raise SinkError("option batch_id needs option query_id")
+        return cls(
+            service_url=str(url),
+            admin_url=o.get("admin_url") or None,
+            topic=topic,
+            txn_timeout_ms=timeout,
+            ledger_topic=ledger,
+            job=str(o.get("job") or DEFAULT_JOB),
+            deterministic_order=det in _TRUE,
+            query_id=query_id,
+            batch_id=batch_id,
+            checkpoint_location=o.get("checkpointlocation") or None,
+        )
+
+    def stream_key(self) -> str:
+        """The identity of a streaming query for the replay check (see the module docs)."""
+        if self.query_id:
+            return self.query_id
+        if self.checkpoint_location:
+            qid = checkpoint_query_id(self.checkpoint_location)
+            if qid:
+                return qid
+        raise SinkError(
+            "a pulsar-txn streaming write needs the query's identity to recognise a replayed micro-batch: give "
+            "option checkpointLocation on a local file system (its metadata file holds the query id) or option "
+            f"query_id (a stable name; change it when the checkpoint is reset). checkpointLocation="
+            f"{self.checkpoint_location!r}"
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class _Columns:
+    has_key: bool
+    has_topic: bool
+    has_props: bool
+
+
+def _check_schema(schema: StructType, opts: SinkOptions) -> _Columns:
+    fields = {f.name.lower(): f for f in schema.fields}
+    extra = sorted(set(fields) - {"value", "key", "topic", "properties"})
+    if extra:
+        raise SinkError(f"the pulsar-txn sink takes columns value, key, topic, properties; unexpected: {extra}")
+    v = fields.get("value")
+    if v is None or not isinstance(v.dataType, (BinaryType, StringType)):
+        raise SinkError("the pulsar-txn sink needs a 'value' column of type binary or string")
+    k = fields.get("key")
+    if k is not None and not isinstance(k.dataType, (BinaryType, StringType)):
+        raise SinkError("column 'key' must be string or binary")
+    t = fields.get("topic")
+    if t is not None and not isinstance(t.dataType, StringType):
+        raise SinkError("column 'topic' must be a string")
+    if t is None and opts.topic is None:
+        raise SinkError("the pulsar-txn sink needs option topic or a 'topic' column")
+    p = fields.get("properties")
+    if p is not None and not (isinstance(p.dataType, MapType) and isinstance(p.dataType.keyType, StringType)
+                              and isinstance(p.dataType.valueType, StringType)):
+        raise SinkError("column 'properties' must be map<string,string>")
+    if any(name != name.lower() for name in (f.name for f in schema.fields)):
+        raise SinkError("name the sink's columns in lower case: value, key, topic, properties")
+    return _Columns(k is not None, t is not None, p is not None)
+
+
+# ------------------------------------------------------------------------- messages
+
+
+@dataclass
+class SinkCommitMessage(WriterCommitMessage):
+    """What a task reports: the transaction it wrote into and how much, per topic."""
+
+    txn_id: str
+    partition_id: int
+    attempt: int
+    counts: dict[str, int] = field(default_factory=dict)
+    rows: int = 0
+    duplicates: int = 0
+    seconds: float = 0.0
+    opened_at_ms: int = 0
+
+
+def _totals(messages: list[Any]) -> tuple[dict[str, int], int, int]:
+    outputs: dict[str, int] = {}
+    rows = dups = 0
+    for m in messages:
+        if m is None:
+            continue
+        for topic, n in m.counts.items():
+            outputs[topic] = outputs.get(topic, 0) + n
+        rows += m.rows
+        dups += m.duplicates
+    return outputs, rows, dups
+
+
+# ------------------------------------------------------------------------- writers
+
+
+class _WriterBase:
+    """What the batch and the streaming writer share: the task side."""
+
+    opts: SinkOptions
+    cols: _Columns
+    txn_id: str | None
+    opened_at_ms: int
+
+    def _task_info(self) -> tuple[int, int]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise SinkError("the pulsar-txn writer's write() runs inside a Spark task")
+        return ctx.partitionId(), ctx.attemptNumber()
+
+    def write(self, iterator: Any) -> SinkCommitMessage:
+        if not self.txn_id:
+            raise SinkError("the pulsar-txn writer reached a task without a transaction (unexpected PySpark "
+                            "behaviour: the writer is expected to be pickled on the driver)")
+        partition_id, attempt = self._task_info()
+        o = self.opts
+        plan = TaskPlan(
+            service_url=o.service_url, admin_url=o.admin_url, txn_id=self.txn_id, txn_timeout_ms=o.txn_timeout_ms,
+            default_topic=o.topic, lease_topic=o.ledger_topic, partition_id=partition_id, attempt=attempt,
+            deterministic_order=o.deterministic_order, has_key=self.cols.has_key, has_topic=self.cols.has_topic,
+            has_props=self.cols.has_props,
+        )
+        res = run(write_partition(plan, iterator, getattr(self, "_after_send", None)))
+        log.info("pulsar-txn task p%d attempt %d: %d rows into %s (%d already stored) in %.2fs", partition_id,
+                 attempt, res.rows, self.txn_id, res.duplicates, res.seconds)
+        return SinkCommitMessage(self.txn_id, partition_id, attempt, res.counts, res.rows, res.duplicates,
+                                 res.seconds, self.opened_at_ms)
+
+    def _record(self, batch_id: str, messages: list[Any], extra: dict[str, Any]) -> LedgerRecord:
+        outputs, rows, dups = _totals(messages)
+        o = self.opts
+        config = {"sink": FORMAT, "topic": o.topic, "ledger_topic": o.ledger_topic, "tasks": len(messages),
+                  "rows": rows, "duplicates_dropped": dups, "deterministic_order": o.deterministic_order,
+                  "task_attempts": {str(m.partition_id): m.attempt for m in messages if m is not None}, **extra}
+        return LedgerRecord("COMMITTED", o.job, batch_id, self.txn_id, 1, {}, outputs,
+                            started_at_ms=self.opened_at_ms or now_ms(), config=config)
+
+
+    def _replay_dropped(self, rec: LedgerRecord, reason: str) -> None:
+        """A replayed micro-batch's transaction was aborted: say so in the ledger."""
+        log.warning("pulsar-txn %s: %s", rec.batch_id, reason)
+        rec.kind, rec.error, rec.ended_at_ms = "ABORTED", f"DuplicateMicroBatch: {reason}", now_ms()
+        run(write_ledger(self.opts.service_url, self.opts.ledger_topic, rec))
+
+
+class PulsarTxnWriter(_WriterBase, DataSourceWriter):
+    """Batch writer: one transaction per write, opened here, on the driver."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.cols = _check_schema(schema, opts)
+        if opts.topic:
+            require_deduplication(opts.admin_url, opts.topic)
+        self.write_id = uuid.uuid4().hex[:16]
+        if opts.batch_id is not None:  # a foreachBatch micro-batch: idempotent per (query, batch)
+            self.batch_key = f"{opts.job}:{opts.query_id}:{opts.batch_id}"
+        else:
+            self.batch_key = f"{opts.job}:{self.write_id}"
+        self.opened_at_ms = now_ms()
+        self.txn_id = run(open_transaction(opts.service_url, opts.txn_timeout_ms))
+        run(write_ledger(opts.service_url, opts.ledger_topic,
+                         LedgerRecord("STARTED", opts.job, self.batch_key, self.txn_id,
+                                      started_at_ms=self.opened_at_ms, config={"sink": FORMAT, "topic": opts.topic})))
+        log.info("pulsar-txn write %s: transaction %s opened", self.batch_key, self.txn_id)
+
+    def commit(self, messages: list[Any]) -> None:
+        o = self.opts
+        extra: dict[str, Any] = {"write_id": self.write_id}
+        stream_key = None
+        if o.batch_id is not None:
+            stream_key = o.query_id
+            extra.update(stream_key=stream_key, query_id=o.query_id, spark_batch_id=o.batch_id)
+        rec = self._record(self.batch_key, messages, extra)
+        res = run(commit_transaction(o.service_url, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
+                                     stream_key, o.batch_id))
+        if res.committed:
+            log.info("pulsar-txn write %s: committed %s: %s", self.batch_key, self.txn_id, res.outputs)
+        else:
+            self._replay_dropped(rec, res.reason)
+
+    def abort(self, messages: list[Any]) -> None:
+        o = self.opts
+        run(abort_transaction(o.service_url, self.txn_id, o.txn_timeout_ms))
+        outputs, _, _ = _totals(messages)
+        failed = sum(1 for m in messages if m is None)
+        run(write_ledger(o.service_url, o.ledger_topic, LedgerRecord(
+            "ABORTED", o.job, self.batch_key, self.txn_id, started_at_ms=self.opened_at_ms, ended_at_ms=now_ms(),
+            outputs=outputs, error=f"SparkWriteAborted: {failed} of {len(messages)} task(s) failed",
+            config={"sink": FORMAT, "topic": o.topic})))
+        log.warning("pulsar-txn write %s: aborted %s", self.batch_key, self.txn_id)
+
+
+class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
+    """Streaming writer: one transaction per micro-batch (see the module docs for how)."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.cols = _check_schema(schema, opts)
+        self.stream_key = opts.stream_key()
+        if opts.topic:
+            require_deduplication(opts.admin_url, opts.topic)
+        self.txn_id = None
+        self.opened_at_ms = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled only on the driver, once per micro-batch, to ship the writer to its tasks:
+        # the moment to open the micro-batch's transaction.
+        if self.txn_id is None:
+            self.opened_at_ms = now_ms()
+            self.txn_id = run(open_transaction(self.opts.service_url, self.opts.txn_timeout_ms))
+            o = self.opts
+            run(record_stream_open(o.service_url, o.ledger_topic, self.stream_key, LedgerRecord(
+                "STARTED", o.job, f"{o.job}:{self.stream_key}:next", self.txn_id, started_at_ms=self.opened_at_ms,
+                config={"sink": FORMAT, "stream_key": self.stream_key, "topic": o.topic})))
+            log.info("pulsar-txn stream %s: transaction %s opened for the next micro-batch", self.stream_key,
+                     self.txn_id)
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _batch_txn(self, messages: list[Any]) -> str | None:
+        ids = {m.txn_id for m in messages if m is not None}
+        if len(ids) > 1:
+            raise SinkError(f"tasks of one micro-batch wrote into different transactions: {sorted(ids)}")
+        return next(iter(ids), None)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
+        o = self.opts
+        self.txn_id = self._batch_txn(messages)
+        opened = [m.opened_at_ms for m in messages if m is not None and m.opened_at_ms]
+        self.opened_at_ms = min(opened) if opened else now_ms()
+        batch_key = f"{o.job}:{self.stream_key}:{batchId}"
+        rec = self._record(batch_key, messages, {"stream_key": self.stream_key, "query_id": self.stream_key,
+                                                 "spark_batch_id": int(batchId)})
+        res = run(commit_transaction(o.service_url, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
+                                     self.stream_key, int(batchId)))
+        if res.committed:
+            log.info("pulsar-txn stream %s batch %d: committed %s: %s", self.stream_key, batchId, res.txn_id,
+                     res.outputs)
+        else:
+            self._replay_dropped(rec, res.reason)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        o = self.opts
+        txn_id = self._batch_txn(messages)
+        if txn_id is not None:
+            run(abort_transaction(o.service_url, txn_id, o.txn_timeout_ms))
+        else:  # no task reported: find the transaction from the STARTED record its writer left
+            txn_id = run(abort_stream_batch(o.service_url, o.ledger_topic, self.stream_key, o.txn_timeout_ms))
+            if txn_id is None:
+                log.warning("pulsar-txn stream %s batch %d aborted; its transaction was not found and ends at its "
+                            "timeout", self.stream_key, batchId)
+                return
+        run(write_ledger(o.service_url, o.ledger_topic, LedgerRecord(
+            "ABORTED", o.job, f"{o.job}:{self.stream_key}:{batchId}", txn_id, ended_at_ms=now_ms(),
+            error="SparkWriteAborted", config={"sink": FORMAT, "stream_key": self.stream_key,
+                                              "spark_batch_id": int(batchId)})))
+
+
+class PulsarTxnDataSource(DataSource):
+    """The ``pulsar-txn`` format (write only): see the module docs."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def writer(self, schema: StructType, overwrite: bool) -> PulsarTxnWriter:
+        if overwrite:
+            raise SinkError("the pulsar-txn sink only appends; use mode('append')")
+        return PulsarTxnWriter(SinkOptions.parse(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PulsarTxnStreamWriter:  # noqa: N802
+        if overwrite:
+            raise SinkError("the pulsar-txn sink only appends; use outputMode('append')")
+        return PulsarTxnStreamWriter(SinkOptions.parse(self.options), schema)
+
+
+# --------------------------------------------------------------------- foreachBatch
+
+
+_registered: set[int] = set()
+
+
+def write_batch_exactly_once(batch_df: Any, batch_id: int, query_id: str, options: dict[str, Any]) -> bool:
+    """Write one ``foreachBatch`` micro-batch exactly once; returns False if it was already committed.
+
+    ``query_id`` names the stream (stable across restarts from the same checkpoint; change it
+    when the checkpoint is reset). A batch that already has a COMMITTED marker is skipped before
+    any task runs; otherwise it is written as one transaction whose commit re-checks the marker.
+    """
+    opts = {**{str(k): str(v) for k, v in options.items()}, "query_id": str(query_id), "batch_id": str(batch_id)}
+    so = SinkOptions.parse(opts)
+    done = run(is_stream_batch_committed(so.service_url, so.ledger_topic, str(query_id), int(batch_id)))
+    if done is not None:
+        log.warning("pulsar-txn foreachBatch %s batch %d: already committed in %s; skipped", query_id, batch_id,
+                    done.txn_id)
+        return False
+    spark = batch_df.sparkSession
+    if id(spark) not in _registered:
+        spark.dataSource.register(PulsarTxnDataSource)
+        _registered.add(id(spark))
+    batch_df.write.format(FORMAT).options(**opts).mode("append").save()
+    return True

@@ -1,0 +1,576 @@
+"""The I/O behind the ``pulsar-txn`` Spark sink (see :mod:`spark_jobs.sink` for the design).
+
+Everything here is plain asyncio on :class:`txn.AsyncClient`, run with ``asyncio.run`` from a
+Spark task (executor side) or from the writer's driver-side hooks; none of it imports pyspark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from txn.client import AsyncClient
+from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, ensure_ledger_retained, now_ms
+from txn.errors import (
+    InvalidTxnStatus,
+    ProducerBusy,
+    PulsarError,
+    Timeout,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
+from txn.localbroker import admin_request
+from txn.message import EARLIEST, MessageId, TxnID
+from txn.producer import AsyncProducer, _java_string_hash
+from txn.topic import parse_topic
+
+log = logging.getLogger("spark_jobs.sink")
+
+#: Receipt id the broker returns for a message it dropped as a duplicate.
+_DUP_LEDGER = 0xFFFFFFFFFFFFFFFF
+#: Rows handed from Spark's input iterator to the event loop at a time (deterministic_order=false).
+CHUNK_ROWS = 200
+#: How far from the end of a stream's marker topic the replay check looks before a full scan.
+MARKER_TAIL_ENTRIES = 64
+STREAM_MARKER_PREFIX = "pulsar-txn-stream-"
+PROBE_PROP = "pulsar-txn.probe"
+
+
+class SinkError(RuntimeError):
+    """The sink refuses to write (bad options, deduplication off, ...)."""
+
+
+class DeduplicationDisabled(SinkError):
+    """Broker deduplication is off where the sink would write: retries could duplicate rows."""
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+@dataclass(slots=True, frozen=True)
+class OutRow:
+    """One row to produce, normalised."""
+
+    topic: str
+    key: str | None
+    value: bytes
+    properties: tuple[tuple[str, str], ...]
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (self.topic, self.key is not None, self.key or "", self.value, self.properties)
+
+
+_topic_cache: dict[str, str] = {}
+
+
+def canonical_topic(name: str) -> str:
+    """Fully qualified topic name (cached: rows repeat the same few topics)."""
+    t = _topic_cache.get(name)
+    if t is None:
+        t = str(parse_topic(name))
+        if len(_topic_cache) < 10000:
+            _topic_cache[name] = t
+    return t
+
+
+def normalise(row: Any, default_topic: str | None, has_key: bool, has_topic: bool, has_props: bool) -> OutRow:
+    """A Spark ``Row`` -> :class:`OutRow` (raises ``ValueError`` with the reason for bad rows)."""
+    value = row["value"]
+    if value is None:
+        raise ValueError("the sink's 'value' column is null; Pulsar messages need a payload")
+    if isinstance(value, str):
+        value = value.encode()
+    elif isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    elif not isinstance(value, bytes):
+        raise ValueError(f"'value' must be binary or string, got {type(value).__name__}")
+    key = row["key"] if has_key else None
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        try:
+            key = bytes(key).decode()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"binary 'key' is not UTF-8 (Pulsar keys are strings): {exc}") from None
+    elif key is not None and not isinstance(key, str):
+        key = str(key)
+    topic = row["topic"] if has_topic else None
+    if topic is None:
+        topic = default_topic
+        if topic is None:
+            raise ValueError("row has no 'topic' and the sink has no 'topic' option")
+    else:
+        topic = canonical_topic(topic)
+    props: tuple[tuple[str, str], ...] = ()
+    if has_props:
+        p = row["properties"]
+        if p:
+            props = tuple(sorted((str(k), str(v)) for k, v in dict(p).items() if v is not None))
+    return OutRow(topic, key, value, props)
+
+
+# ------------------------------------------------------------------------ dedup check
+
+
+def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0) -> bool:
+    """Whether broker deduplication applies to ``topic``: topic policy, else namespace, else broker.
+
+    Raises :class:`SinkError` if the admin API cannot tell.
+    """
+    t = parse_topic(topic)
+    local = urllib.parse.quote(t.base.rpartition("/")[2], safe="")
+    path = f"/admin/v2/{t.domain}/{t.tenant}/{t.namespace}/{local}/deduplicationEnabled?applied=true"
+    try:
+        status, body = admin_request("GET", admin_url, path, timeout=timeout)
+        if status == 200 and isinstance(body, bool):
+            return body
+        if status not in (404, 200):
+            raise SinkError(f"cannot read the deduplication policy of {topic}: HTTP {status} {body}")
+        path = f"/admin/v2/namespaces/{t.tenant}/{t.namespace}/deduplication"
+        status, body = admin_request("GET", admin_url, path, timeout=timeout)
+        if status != 200:
+            raise SinkError(f"cannot read the deduplication policy of namespace {t.tenant}/{t.namespace}: "
+                            f"HTTP {status} {body}")
+        if isinstance(body, bool):
+            return body
+        status, body = admin_request("GET", admin_url, "/admin/v2/brokers/configuration/runtime", timeout=timeout)
+        if status != 200 or not isinstance(body, dict):
+            raise SinkError(f"namespace {t.tenant}/{t.namespace} has no deduplication policy and the broker "
+                            f"default is unreadable: HTTP {status} {body}")
+        return str(body.get("brokerDeduplicationEnabled", "false")).lower() == "true"
+    except OSError as exc:
+        raise SinkError(f"cannot reach the admin API at {admin_url} to check deduplication: {exc}") from exc
+
+
+_dedup_ok: dict[tuple[str, str], float] = {}
+_dedup_lock = threading.Lock()
+
+
+def require_deduplication(admin_url: str | None, topic: str, where: str = "driver") -> None:
+    """Refuse (:class:`DeduplicationDisabled`) when deduplication is off for ``topic``.
+
+    Without ``admin_url`` it cannot check: it logs a warning instead. Positive answers are
+    cached per namespace for a minute.
+    """
+    t = parse_topic(topic)
+    if not admin_url:
+        log.warning("pulsar-txn sink: no admin_url, cannot check that broker deduplication is enabled for %s; "
+                    "without it a retried Spark task can duplicate rows", topic)
+        return
+    key = (admin_url, f"{t.tenant}/{t.namespace}/{t.base}")
+    with _dedup_lock:
+        if time.monotonic() - _dedup_ok.get(key, -1e9) < 60:
+            return
+    if not deduplication_enabled(admin_url, topic):
+        raise DeduplicationDisabled(
+            f"broker deduplication is disabled for {t.base} (namespace {t.tenant}/{t.namespace}); the pulsar-txn "
+            f"sink needs it so that retried and speculative Spark tasks cannot duplicate rows. Enable it with "
+            f"`pulsar-admin namespaces set-deduplication {t.tenant}/{t.namespace} --enable` (checked on the {where})"
+        )
+    with _dedup_lock:
+        _dedup_ok[key] = time.monotonic()
+
+
+# --------------------------------------------------------------------- transactions
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    """Run a coroutine to completion from synchronous Spark code."""
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+async def open_transaction(service_url: str, timeout_ms: int) -> str:
+    """Open a transaction and return its id as ``(most,least)``."""
+    async with AsyncClient(service_url) as client:
+        t = await client.new_transaction(timeout_millis=timeout_ms)
+        return str(t.id)
+
+
+async def write_ledger(service_url: str, ledger_topic: str, rec: LedgerRecord) -> None:
+    """Write a ledger record outside any transaction (best effort: logged on failure)."""
+    try:
+        async with AsyncClient(service_url) as client:
+            await ensure_ledger_retained(client, ledger_topic)
+            p = await client.create_producer(ledger_topic, batching_enabled=False)
+            await p.send(rec.to_json(), partition_key=rec.batch_id)
+            await p.close()
+    except PulsarError as exc:
+        log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
+
+
+@dataclass(slots=True)
+class CommitResult:
+    """What a driver-side commit did."""
+
+    committed: bool
+    txn_id: str | None
+    outputs: dict[str, int] = field(default_factory=dict)
+    reason: str = ""
+
+
+async def commit_transaction(
+    service_url: str,
+    txn_id: str | None,
+    timeout_ms: int,
+    ledger_topic: str,
+    record: LedgerRecord,
+    stream_key: str | None = None,
+    spark_batch_id: int | None = None,
+) -> CommitResult:
+    """Commit ``txn_id`` with ``record`` (COMMITTED) written inside it.
+
+    With ``stream_key``/``spark_batch_id`` (a micro-batch), the batch's marker is written too,
+    and if that batch already has a COMMITTED marker (Spark replays it after a failure) the
+    transaction is aborted instead: its rows are a second copy. ``txn_id=None`` (a micro-batch
+    without tasks) opens a transaction just for the records.
+    """
+    async with AsyncClient(service_url) as client:
+        marker_topic = None
+        if stream_key is not None:
+            assert spark_batch_id is not None
+            marker_topic = stream_marker_topic(ledger_topic, stream_key)
+            await ensure_ledger_retained(client, marker_topic)
+            done = await stream_batch_committed(client, marker_topic, stream_key, spark_batch_id)
+            if done is not None:
+                if txn_id is not None:
+                    await _abort_quietly(client, txn_id, timeout_ms)
+                return CommitResult(False, txn_id, reason=f"batch {spark_batch_id} of {stream_key} was already "
+                                    f"committed in transaction {done.txn_id}; this replay's rows were aborted")
+        if txn_id is None:
+            t = await client.new_transaction(timeout_millis=timeout_ms)
+            txn_id = str(t.id)
+        else:
+            t = client.transaction_from_id(txn_id, timeout_ms)
+        record.txn_id = txn_id
+        record.ended_at_ms = now_ms()
+        try:
+            await ensure_ledger_retained(client, ledger_topic)
+            ledger = await client.create_producer(ledger_topic, batching_enabled=False)
+            await ledger.send_async(record.to_json(), partition_key=record.batch_id, txn=t)
+            if marker_topic is not None:
+                marker = await client.create_producer(marker_topic, batching_enabled=False)
+                await marker.send_async(record.to_json(), partition_key=record.batch_id, txn=t)
+            await t.commit()
+        except BaseException:
+            if t.state.value == "OPEN":
+                await _abort_quietly(client, txn_id, timeout_ms)
+            raise
+        return CommitResult(True, txn_id, dict(record.outputs))
+
+
+async def _abort_quietly(client: AsyncClient, txn_id: str, timeout_ms: int) -> None:
+    try:
+        await client.transaction_from_id(txn_id, timeout_ms).abort()
+    except (TransactionNotFound, TransactionTimedOut, InvalidTxnStatus) as exc:
+        log.info("abort of %s: already ended (%s)", txn_id, exc)
+
+
+async def abort_transaction(service_url: str, txn_id: str, timeout_ms: int) -> None:
+    """Abort ``txn_id`` (a transaction that already ended or timed out is fine)."""
+    async with AsyncClient(service_url) as client:
+        await _abort_quietly(client, txn_id, timeout_ms)
+
+
+# ------------------------------------------------------------------- stream markers
+
+
+def stream_marker_topic(ledger_topic: str, stream_key: str) -> str:
+    """Per-query topic holding one COMMITTED record per micro-batch (next to the ledger)."""
+    t = parse_topic(ledger_topic)
+    h = hashlib.sha256(stream_key.encode()).hexdigest()[:24]
+    return f"{t.domain}://{t.tenant}/{t.namespace}/{STREAM_MARKER_PREFIX}{h}"
+
+
+async def _read_until_probe(client: AsyncClient, topic: str, start: MessageId, probe: str,
+                            idle_ms: int) -> list[LedgerRecord]:
+    """Ledger records from ``start`` up to the probe message (the end of the topic as of now).
+
+    Read-committed dispatch stops at the first message of a transaction still open, so an
+    unresolved transaction (a driver that died between writing a marker and committing) keeps
+    the probe back: then :class:`SinkError`, rather than a guess from a partial read.
+    """
+    reader = await client.create_reader(topic, start, start_message_id_inclusive=start != EARLIEST)
+    out: list[LedgerRecord] = []
+    try:
+        while True:
+            try:
+                m = await reader.read_next(timeout_millis=idle_ms)
+            except Timeout:
+                raise SinkError(f"cannot tell which micro-batches were committed: an unresolved transaction on "
+                                f"{topic} holds back its end; retry after that transaction's timeout") from None
+            if m.properties().get(PROBE_PROP) == probe:
+                return out
+            try:
+                out.append(LedgerRecord.from_json(m.data()))
+            except LedgerSchemaError:
+                pass  # an older probe
+    finally:
+        await reader.close()
+
+
+async def _probe(client: AsyncClient, topic: str) -> tuple[str, MessageId]:
+    """Write a probe (outside any transaction) to mark the end of ``topic`` as of now."""
+    probe = uuid.uuid4().hex
+    p = await client.create_producer(topic, batching_enabled=False)
+    try:
+        return probe, await p.send(b"probe", properties={PROBE_PROP: probe})
+    finally:
+        await p.close()
+
+
+async def _read_tail(client: AsyncClient, topic: str, idle_ms: int, full: bool = False) -> list[LedgerRecord]:
+    """The records of the last :data:`MARKER_TAIL_ENTRIES` entries of ``topic`` (all with ``full``)."""
+    probe, end = await _probe(client, topic)
+    if full or end.entry_id <= MARKER_TAIL_ENTRIES:
+        return await _read_until_probe(client, topic, EARLIEST, probe, idle_ms)
+    start = MessageId(end.ledger_id, end.entry_id - MARKER_TAIL_ENTRIES, -1, -1)
+    return await _read_until_probe(client, topic, start, probe, idle_ms)
+
+
+async def stream_batch_committed(client: AsyncClient, marker_topic: str, stream_key: str,
+                                 spark_batch_id: int, idle_ms: int = 10000) -> LedgerRecord | None:
+    """The COMMITTED marker of micro-batch ``spark_batch_id`` of ``stream_key``, or None.
+
+    Markers of one query are written in batch order by its driver, so the newest is the
+    highest committed batch: read the tail of the topic first, the whole topic only if the tail
+    holds no marker. The end is a probe message written (outside any transaction) just before
+    reading. Raises :class:`SinkError` if it cannot decide, or if a newer batch than this one
+    is already committed (the checkpoint is older than the output).
+    """
+
+    def mine(records: list[LedgerRecord]) -> list[LedgerRecord]:
+        return [r for r in records if r.kind == "COMMITTED" and r.config.get("stream_key") == stream_key]
+
+    found = mine(await _read_tail(client, marker_topic, idle_ms))
+    if not found:
+        found = mine(await _read_tail(client, marker_topic, idle_ms, full=True))
+    for r in found:
+        if r.config.get("spark_batch_id") == spark_batch_id:
+            return r
+    newest = max((int(r.config.get("spark_batch_id", -1)) for r in found), default=-1)
+    if newest > spark_batch_id:
+        raise SinkError(f"micro-batch {spark_batch_id} of {stream_key}: the sink already committed batch {newest}; "
+                        "the checkpoint is older than the sink's output (restored or reused?). Refusing to guess")
+    return None
+
+
+async def record_stream_open(service_url: str, ledger_topic: str, stream_key: str, record: LedgerRecord) -> None:
+    """Note on the query's marker topic (outside any transaction) the transaction opened for its
+    next micro-batch, so that an abort can find it even if no task reported (best effort)."""
+    try:
+        async with AsyncClient(service_url) as client:
+            topic = stream_marker_topic(ledger_topic, stream_key)
+            await ensure_ledger_retained(client, topic)
+            p = await client.create_producer(topic, batching_enabled=False)
+            await p.send(record.to_json(), partition_key=record.batch_id)
+            await p.close()
+    except PulsarError as exc:
+        log.warning("STARTED record of %s not written: %s", stream_key, exc)
+
+
+async def abort_stream_batch(service_url: str, ledger_topic: str, stream_key: str, timeout_ms: int,
+                             idle_ms: int = 5000) -> str | None:
+    """Abort the transaction of the micro-batch in flight (the newest STARTED record of the query,
+    if no COMMITTED marker names it); returns its id, or None if there is none to abort."""
+    async with AsyncClient(service_url) as client:
+        topic = stream_marker_topic(ledger_topic, stream_key)
+        try:
+            records = [r for r in await _read_tail(client, topic, idle_ms) if r.config.get("stream_key") == stream_key]
+        except SinkError as exc:
+            log.warning("cannot find the transaction of %s's failed micro-batch: %s", stream_key, exc)
+            return None
+        started = [r for r in records if r.kind == "STARTED" and r.txn_id]
+        if not started:
+            return None
+        txn_id = started[-1].txn_id
+        if any(r.kind == "COMMITTED" and r.txn_id == txn_id for r in records):
+            return None
+        await _abort_quietly(client, txn_id, timeout_ms)
+        return txn_id
+
+
+async def is_stream_batch_committed(service_url: str, ledger_topic: str, stream_key: str,
+                                    spark_batch_id: int) -> LedgerRecord | None:
+    """Blocking-friendly wrapper of :func:`stream_batch_committed`."""
+    async with AsyncClient(service_url) as client:
+        topic = stream_marker_topic(ledger_topic, stream_key)
+        return await stream_batch_committed(client, topic, stream_key, spark_batch_id)
+
+
+def checkpoint_query_id(checkpoint_location: str) -> str | None:
+    """The streaming query id stored in ``<checkpoint>/metadata`` (local file systems only)."""
+    path = checkpoint_location
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    elif path.startswith("file:"):
+        path = path[len("file:"):]
+    elif "://" in path:
+        return None
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+            first = f.readline()
+        qid = json.loads(first).get("id")
+        return str(qid) if qid else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+# ----------------------------------------------------------------------- task write
+
+
+@dataclass(slots=True)
+class TaskPlan:
+    """What one Spark task needs to produce its partition into the batch's transaction."""
+
+    service_url: str
+    admin_url: str | None
+    txn_id: str
+    txn_timeout_ms: int
+    default_topic: str | None
+    lease_topic: str
+    partition_id: int
+    attempt: int
+    deterministic_order: bool
+    has_key: bool
+    has_topic: bool
+    has_props: bool
+
+    @property
+    def producer_name(self) -> str:
+        tid = TxnID.parse(self.txn_id)
+        return f"ptxn-{tid.most}-{tid.least}-p{self.partition_id}"
+
+
+@dataclass(slots=True)
+class TaskResult:
+    """Per-task outcome, for the commit message."""
+
+    counts: dict[str, int]
+    rows: int
+    duplicates: int
+    seconds: float
+
+
+SendHook = Callable[[int, "asyncio.Future[MessageId]"], Awaitable[None]]
+
+
+def _chunks(rows: Iterable[Any], plan: TaskPlan, size: int) -> Iterator[list[OutRow]]:
+    default = canonical_topic(plan.default_topic) if plan.default_topic else None
+    it = iter(rows)
+    if plan.deterministic_order:
+        allrows = [normalise(r, default, plan.has_key, plan.has_topic, plan.has_props) for r in it]
+        allrows.sort(key=OutRow.sort_key)
+        for i in range(0, len(allrows), size):
+            yield allrows[i:i + size]
+        return
+    chunk: list[OutRow] = []
+    for r in it:
+        chunk.append(normalise(r, default, plan.has_key, plan.has_topic, plan.has_props))
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+async def _pull(rows: Iterable[Any], plan: TaskPlan) -> AsyncIterator[list[OutRow]]:
+    """Spark's input iterator, read and normalised off the event loop, in chunks."""
+    loop = asyncio.get_running_loop()
+    gen = _chunks(rows, plan, CHUNK_ROWS)
+    done = object()
+    while True:
+        chunk = await loop.run_in_executor(None, next, gen, done)
+        if chunk is done:
+            return
+        yield chunk  # type: ignore[misc]
+
+
+async def _acquire(client: AsyncClient, topic: str, name: str, deadline: float,
+                   send_timeout_ms: int = 30000) -> AsyncProducer:
+    """Create the named producer, waiting while another attempt of this task still holds the name."""
+    while True:
+        try:
+            return await client.create_producer(
+                topic, producer_name=name, batching_enabled=False, block_if_queue_full=True,
+                max_pending_messages=1000, send_timeout_millis=send_timeout_ms,
+            )
+        except (ProducerBusy, Timeout) as exc:
+            if time.monotonic() >= deadline:
+                raise SinkError(f"producer {name} on {topic} stayed busy (another attempt of this task?) until the "
+                                f"transaction's timeout: {exc}") from exc
+            log.info("producer %s on %s busy (another attempt holds it); waiting", name, topic)
+            await asyncio.sleep(0.5)
+
+
+async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | None = None) -> TaskResult:
+    """Produce one Spark partition into the transaction (see :mod:`spark_jobs.sink`)."""
+    started = time.monotonic()
+    deadline = started + plan.txn_timeout_ms / 1000.0
+    name = plan.producer_name
+    client = AsyncClient(plan.service_url)
+    try:
+        t = client.transaction_from_id(plan.txn_id, plan.txn_timeout_ms)
+        lease: AsyncProducer | None = None
+        parts: dict[str, list[str]] = {}
+        producers: dict[str, AsyncProducer] = {}
+        seqs: dict[str, int] = {}
+        rr: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        futs: list[asyncio.Future[MessageId]] = []
+        index = 0
+        async for chunk in _pull(rows, plan):
+            for row in chunk:
+                dests = parts.get(row.topic)
+                if dests is None:
+                    if plan.admin_url:
+                        await asyncio.get_running_loop().run_in_executor(
+                            None, require_deduplication, plan.admin_url, row.topic, "executor")
+                    dests = parts[row.topic] = await client.get_topic_partitions(row.topic)
+                if len(dests) == 1:
+                    dest = dests[0]
+                elif row.key:
+                    dest = dests[_java_string_hash(row.key) % len(dests)]
+                else:
+                    n = rr.get(row.topic, 0)
+                    rr[row.topic] = n + 1
+                    dest = dests[n % len(dests)]
+                p = producers.get(dest)
+                if p is None:
+                    if lease is None:
+                        # The lease: one attempt of this task at a time produces; others wait for
+                        # the name. Taken at the first send, so an attempt that is slow upstream
+                        # does not hold back a speculative copy.
+                        lease = await _acquire(client, plan.lease_topic, f"{name}-lease", deadline)
+                    p = producers[dest] = await _acquire(client, dest, name, deadline, plan.txn_timeout_ms)
+                seq = seqs.get(dest, 0)
+                seqs[dest] = seq + 1
+                fut = await p.send_async(row.value, properties=dict(row.properties) or None,
+                                         partition_key=row.key, sequence_id=seq, txn=t)
+                futs.append(fut)
+                counts[row.topic] = counts.get(row.topic, 0) + 1
+                if hook is not None:
+                    await hook(index, fut)
+                index += 1
+        await asyncio.gather(*(p.flush() for p in producers.values()))
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        dups = 0
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            if r.ledger_id == _DUP_LEDGER:
+                dups += 1
+        for p in producers.values():
+            await p.close()
+        if lease is not None:
+            await lease.close()
+        return TaskResult(counts, index, dups, time.monotonic() - started)
+    finally:
+        await client.close()
