@@ -249,3 +249,118 @@ def run_chaos(
     res.seconds = time.monotonic() - t_start
     log(res.summary())
     return res
+
+
+# ------------------------------------------------------------------ the outbox producer
+
+
+@dataclass
+class OutboxChaosResult:
+    """Counts of an outbox kill -9 run."""
+
+    sent: int = 0
+    out: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    kills: int = 0
+    in_order: bool = False
+    seconds: float = 0.0
+    kill_details: list[dict[str, int]] = field(default_factory=list)
+    recovered: list[dict[str, str]] = field(default_factory=list)
+    outbox_final: tuple[int, list, str | None] = (0, [], None)
+
+    def summary(self) -> str:
+        return (f"outbox chaos: in={self.sent} out={self.out} lost={self.lost} duplicated={self.duplicated} "
+                f"kills={self.kills} in_order={self.in_order} seconds={self.seconds:.1f}")
+
+
+def _spawn_outbox_child(broker, topic: str, db: Path, n: int) -> subprocess.Popen[str]:  # noqa: ANN001
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen(
+        [sys.executable, str(here / "outbox_child.py"), broker.service_url, broker.admin_url, topic, str(db),
+         "outbox-writer", str(n)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=here.parent,
+    )
+
+
+def _child_line(proc: subprocess.Popen[str], deadline: float) -> str:
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if not line:
+        proc.wait(10)
+        raise AssertionError(f"child exited ({proc.returncode}) early: {proc.stderr.read()[-3000:]}")  # type: ignore[union-attr]
+    if time.monotonic() > deadline:
+        proc.kill()
+        raise AssertionError("outbox child too slow")
+    return line.strip()
+
+
+def run_outbox_chaos(
+    broker,  # noqa: ANN001
+    topic: str,
+    db: Path,
+    *,
+    n: int = 2000,
+    kill_after: list[int] | None = None,
+    time_limit_s: float = 120.0,
+    log=print,  # noqa: ANN001
+) -> OutboxChaosResult:
+    """SIGKILL a producer writing N numbered messages through the SQLite outbox, several times at
+    different instants (after so many accepted messages), restart it each time, then count what
+    the topic holds with the official client: every id exactly once, in order."""
+    from txn.delivery.outbox import Outbox
+
+    kill_after = kill_after or [300, 170, 420]
+    res = OutboxChaosResult(sent=n)
+    t0 = time.monotonic()
+    deadline = t0 + time_limit_s
+    starts: list[str] = []
+    for target in kill_after:
+        proc = _spawn_outbox_child(broker, topic, db, n)
+        starts.append(_child_line(proc, deadline))
+        seen = last = 0
+        while seen < target:
+            line = _child_line(proc, deadline)
+            if not line.startswith("accepted "):
+                raise AssertionError(f"unexpected child output {line!r}")
+            last = int(line.split()[1])
+            seen += 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        o = Outbox(db, topic, "outbox-writer")
+        res.kill_details.append({"last_printed": last, "checkpoint": int(o.checkpoint() or -1),
+                                 "rows_left": o.pending_count()})
+        o.close()
+        if res.kill_details[-1]["checkpoint"] < last:
+            raise AssertionError("a message reported accepted is missing from the outbox")
+        res.kills += 1
+    proc = _spawn_outbox_child(broker, topic, db, n)
+    out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 5))
+    if proc.returncode != 0:
+        raise AssertionError(f"final run failed: {err[-3000:]}")
+    starts.append(out.splitlines()[0])
+    o = Outbox(db, topic, "outbox-writer")
+    res.outbox_final = (o.pending_count(), o.nacked(), o.checkpoint())
+    o.close()
+    official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    reader = official.create_reader(topic, pulsar.MessageId.earliest)
+    counts: Counter[int] = Counter()
+    order: list[int] = []
+    while reader.has_message_available():
+        m = reader.read_next(timeout_millis=10000)
+        i = int(m.data())
+        counts[i] += 1
+        order.append(i)
+    reader.close()
+    official.close()
+    res.out = sum(counts.values())
+    res.lost = sum(1 for i in range(n) if counts[i] == 0)
+    res.duplicated = sum(1 for c in counts.values() if c > 1)
+    res.in_order = order == list(range(n))
+    res.recovered = [dict(kv.split("=") for kv in s.split()[2:]) for s in starts[1:]]
+    res.seconds = time.monotonic() - t0
+    log(res.summary())
+    for k, r in zip(res.kill_details, res.recovered, strict=True):
+        log(f"  killed after accepted id {k['last_printed']} (checkpoint {k['checkpoint']}, "
+            f"{k['rows_left']} rows unconfirmed) -> next run: {r}")
+    return res

@@ -5,9 +5,13 @@ The short run is part of the default suite; ``--run-slow`` adds the long one.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
-from chaos import run_chaos
+from txn.localbroker import create_namespace, enable_namespace_dedup
+
+from chaos import run_chaos, run_outbox_chaos
 
 
 def _check(res):
@@ -41,3 +45,15 @@ def test_chaos_long(broker, tmp_path):
                     seed=11, time_limit_s=2400)
     assert (res.kills, res.broker_restarts, res.zombies) == (25, 3, 3)
     _check(res)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_outbox_chaos_long(broker, tmp_path):
+    ns = f"public/outbox-chaos-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    enable_namespace_dedup(broker.admin_url, ns)
+    res = run_outbox_chaos(broker, f"persistent://{ns}/out", tmp_path / "outbox.db", n=20000,
+                           kill_after=[700, 1500, 90, 2600, 333, 1200, 50, 1800, 900, 2200], time_limit_s=1200)
+    assert (res.kills, res.lost, res.duplicated, res.out) == (10, 0, 0, 20000), res.summary()
+    assert res.in_order

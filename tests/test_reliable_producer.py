@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,6 +17,7 @@ from txn.delivery.outbox import Outbox
 from txn.delivery.reliable_producer import AsyncReliableProducer, MessageNacked, ReliableProducer
 from txn.localbroker import admin_request, create_namespace, enable_namespace_dedup
 
+from chaos import run_outbox_chaos
 from peer import read_until_sentinel
 
 HERE = Path(__file__).resolve().parent
@@ -256,86 +253,17 @@ def test_dedup_check_warns_or_refuses(client, broker, topic, tmp_path):
 # ------------------------------------------------------ 3. outbox under kill -9
 
 
-def _spawn_child(broker, topic: str, db: Path, n: int) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "outbox_child.py"), broker.service_url, broker.admin_url, topic, str(db),
-         "outbox-writer", str(n)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=HERE.parent,
-    )
-
-
-def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    if not line:
-        proc.wait(10)
-        raise AssertionError(f"child exited ({proc.returncode}) early: {proc.stderr.read()[-3000:]}")  # type: ignore[union-attr]
-    if time.monotonic() > deadline:
-        proc.kill()
-        raise AssertionError("child too slow")
-    return line.strip()
-
-
 def test_outbox_survives_kill_9(broker, dedup_ns, tmp_path):
-    n = 2000
-    topic = f"persistent://{dedup_ns}/outbox"
-    db = tmp_path / "outbox.db"
-    kill_after = [300, 170, 420]  # accepted lines seen in that run before the SIGKILL
-    t0 = time.monotonic()
-    deadline = t0 + 90
-    kills: list[dict[str, int]] = []
-    starts: list[str] = []
-    for target in kill_after:
-        proc = _spawn_child(broker, topic, db, n)
-        starts.append(_read_line(proc, deadline))
-        seen = last = 0
-        while seen < target:
-            line = _read_line(proc, deadline)
-            assert line.startswith("accepted "), line
-            last = int(line.split()[1])
-            seen += 1
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        assert proc.returncode == -signal.SIGKILL
-        o = Outbox(db, topic, "outbox-writer")
-        kills.append({"last_printed": last, "checkpoint": int(o.checkpoint() or -1),
-                      "rows_left": o.pending_count()})
-        o.close()
-        assert kills[-1]["checkpoint"] >= last  # everything reported accepted is in the outbox
-    proc = _spawn_child(broker, topic, db, n)
-    out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 5))
-    assert proc.returncode == 0, err[-3000:]
-    lines = out.splitlines()
-    starts.append(lines[0])
-    assert lines[-1].startswith("done ")
-    elapsed = time.monotonic() - t0
-
-    o = Outbox(db, topic, "outbox-writer")
-    left, nacked, checkpoint = o.pending_count(), o.nacked(), o.checkpoint()
-    o.close()
-    assert (left, nacked, checkpoint) == (0, [], str(n - 1))
-
-    seen = Counter()
-    order = []
-    for m in _official_read(broker, topic):
-        i = int(m.data())
-        assert m.properties()["id"] == str(i)
-        seen[i] += 1
-        order.append(i)
-    lost = [i for i in range(n) if seen[i] == 0]
-    dup = [i for i, c in seen.items() if c > 1]
-    recovered = [dict(kv.split("=") for kv in s.split()[2:]) for s in starts[1:]]
-    print(f"\noutbox kill -9 test: in={n} out={sum(seen.values())} lost={len(lost)} duplicated={len(dup)} "
-          f"kills={len(kills)} in {elapsed:.1f}s")
-    for k, r in zip(kills, recovered, strict=True):
-        print(f"  killed after accepted id {k['last_printed']} (outbox checkpoint {k['checkpoint']}, "
-              f"{k['rows_left']} rows unconfirmed) -> next run: {r}")
-    assert lost == [] and dup == []
-    assert order == list(range(n))  # re-sent rows first, in sequence order, then the rest
-    assert len(kills) == 3
+    res = run_outbox_chaos(broker, f"persistent://{dedup_ns}/outbox", tmp_path / "outbox.db", n=2000,
+                           kill_after=[300, 170, 420])
+    assert res.lost == 0 and res.duplicated == 0, res.summary()
+    assert res.out == res.sent == 2000
+    assert res.in_order  # re-sent rows first, in sequence order, then the rest
+    assert res.kills == 3
+    assert res.outbox_final == (0, [], "1999")
     # The recovery path really ran: rows were left over and each run accounted for all of them.
-    assert sum(k["rows_left"] for k in kills) > 0
-    for k, r in zip(kills, recovered, strict=True):
+    assert sum(k["rows_left"] for k in res.kill_details) > 0
+    for k, r in zip(res.kill_details, res.recovered, strict=True):
         assert int(r["rows"]) == k["rows_left"] == int(r["already_stored"]) + int(r["resent"])
 
 
