@@ -1,0 +1,85 @@
+"""``pulsar-txn spark submit`` against a real Spark standalone cluster (master + 1 worker on loopback).
+
+The cluster comes from deploy/spark/standalone.py; the job code is the same as in local mode
+(tests/test_spark_runtime.py::test_spark_submit_cli), only ``--master`` differs, so the executors'
+Python workers import ``spark_jobs``/``txn`` from the venv and talk to the broker themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from peer import read_n
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _standalone():
+    spec = importlib.util.spec_from_file_location("spark_standalone", ROOT / "deploy" / "spark" / "standalone.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def cluster(request):
+    sa = _standalone()
+    d = tempfile.mkdtemp(prefix="spark-cluster-test-", dir="/tmp")
+    failed_before = request.session.testsfailed
+    try:
+        yield sa.start_cluster(d, cores=1, memory="1g", timeout=180), sa, d
+    finally:
+        sa.stop_cluster(d)
+        if request.session.testsfailed == failed_before:
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            print(f"\nspark cluster logs kept in {d}")
+
+
+@pytest.fixture
+def official(broker):
+    c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    yield c
+    c.close()
+
+
+def test_cluster_status(cluster):
+    master_url, sa, d = cluster
+    st = sa.cluster_status(d)
+    assert st["running"] and st["master_url"] == master_url and master_url.startswith("spark://127.0.0.1:")
+    assert [(w["state"], w["cores"], w["memory"]) for w in st["workers"]] == [("ALIVE", 1, 1024)]
+
+
+def test_spark_submit_on_standalone_cluster(cluster, broker, official, unique_name):
+    master_url, sa, d = cluster
+    inp, out = (f"persistent://public/default/{unique_name(x)}" for x in ("in", "out"))
+    p = official.create_producer(inp, batching_enabled=False)
+    for payload in (b"sku=A,qty=3", b"sku=B,qty=2", b"sku=C,qty=5"):
+        p.send(payload)
+    p.close()
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    r = subprocess.run(
+        [sys.executable, "-m", "txn.cli", "spark", "submit", "enrich", "--service-url", broker.service_url,
+         "--input", inp, "--output", out, "--subscription", "cluster", "--master", master_url,
+         "--exit-when-idle-ms", "10000", "--batch-max-delay-ms", "1500"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=str(ROOT),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"on {master_url}" in r.stderr
+    assert "committed: rows in=3 out=3" in r.stderr and "txn (" in r.stderr, r.stderr[-3000:]
+    reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)
+    rows = sorted((json.loads(m.data()) for m in read_n(reader, 3)), key=lambda x: x["sku"])
+    assert [(x["sku"], x["qty"], x["total"], x["tier"]) for x in rows] == [
+        ("A", 3, 7.5, "bronze"), ("B", 2, 20.0, "silver"), ("C", 5, 495.0, "gold")]
+    # the work really ran on the cluster: the worker launched an executor for this application
+    assert any((Path(d) / "work").glob("app-*/*/stderr")), "no executor ran on the standalone worker"
