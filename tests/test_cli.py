@@ -7,11 +7,23 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pulsar
 import pytest
 
+from txn.localbroker import create_namespace
+
 from peer import read_n, read_until_sentinel
+
+
+def _fresh_ns(broker) -> str:
+    """A namespace of the test's own: after a broker restart (the chaos and reconnect tests do
+    one) a new topic in an old namespace can wait for that namespace's transaction-buffer
+    snapshot topic to recover before it dispatches; a fresh namespace has no such history."""
+    ns = f"public/cli-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    return f"persistent://{ns}/"
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -26,7 +38,7 @@ def official(broker):
 
 
 def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
-    ns = "persistent://public/default/"
+    ns = _fresh_ns(broker)
     inp, out, ledger = (ns + unique_name(x) for x in ("in", "out", "ledger"))
     p = official.create_producer(inp)
     for d in [b"a", b"b", b"poison-c", b"d"]:
@@ -35,7 +47,7 @@ def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
     r = _cli("process", "--service-url", broker.service_url, "--input", inp, "--output", out,
              "--subscription", "cli", "--handler", "txn.examples.handlers:poison_aware", "--job", "clijob",
              "--ledger-topic", ledger, "--max-attempts", "2", "--batch-max-delay-ms", "300",
-             "--exit-when-idle-ms", "10000")
+             "--exit-when-idle-ms", "30000")
     assert r.returncode == 0, r.stderr
     assert "stopped: " in r.stderr and "1 parked" in r.stderr
     reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)
@@ -58,7 +70,7 @@ def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
 
 
 def test_sigterm_finishes_the_batch_and_exits_cleanly(broker, official, unique_name):
-    ns = "persistent://public/default/"
+    ns = _fresh_ns(broker)
     inp, out = ns + unique_name("in"), ns + unique_name("out")
     proc = subprocess.Popen(
         [sys.executable, "-m", "txn.cli", "process", "--service-url", broker.service_url, "--input", inp,
