@@ -40,28 +40,10 @@ _UTC = dt.UTC
 
 
 def messages_schema() -> Any:
-    """The Spark schema of a micro-batch's input DataFrame (the ``pulsar`` source's columns)."""
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        MapType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
+    """The Spark schema of a micro-batch's input DataFrame: the ``pulsar`` source's columns."""
+    from .source import SCHEMA
 
-    return StructType([
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("message_id", StringType()),
-        StructField("message_id_bytes", BinaryType()),
-        StructField("publish_time", TimestampType()),
-        StructField("event_time", TimestampType()),
-        StructField("properties", MapType(StringType(), StringType())),
-    ])
+    return SCHEMA
 
 
 def _row(m: Message) -> tuple[Any, ...]:
