@@ -114,8 +114,10 @@ def test_all_transaction_coordinators_ready(broker) -> None:
 
 def test_tc_client_connect_succeeds_for_every_coordinator(broker) -> None:
     url = urlsplit(broker.service_url)
-    for tc in range(_tc_count(broker)):
-        probe_transaction_coordinator(url.hostname, url.port, tc, timeout=10)
+    count = _tc_count(broker)
+    assert count >= 1
+    for tc in range(count):
+        probe_transaction_coordinator(url.hostname, url.port, tc, timeout=10)  # raises if refused
 
 
 def test_transactions_enabled_in_broker_log(broker) -> None:

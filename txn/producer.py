@@ -256,6 +256,15 @@ class _PartitionProducer:
 
     # ------------------------------------------------------------------ sending
 
+    def check_size(self, content: bytes) -> None:
+        """Raise :class:`MessageTooBig` if ``content`` (compressed, if a codec is set) exceeds the broker's limit."""
+        limit = self.max_message_size
+        if len(content) > limit:
+            codec = self.conf.compression_type
+            if codec == CompressionType.NONE or len(compress(codec, content)) > limit:
+                raise MessageTooBig(f"message of {len(content)} bytes exceeds the broker's limit of {limit}",
+                                    topic=self.topic)
+
     def check_usable(self) -> None:
         if self._closed:
             raise AlreadyClosed("producer is closed", topic=self.topic)
@@ -276,14 +285,7 @@ class _PartitionProducer:
         The caller checked the window. Raises on a closed producer or an oversize message.
         """
         self.check_usable()
-        if len(content) > self.max_message_size:
-            if self.conf.compression_type == CompressionType.NONE or len(
-                compress(self.conf.compression_type, content)
-            ) > self.max_message_size:
-                raise MessageTooBig(
-                    f"message of {len(content)} bytes exceeds the broker's limit of {self.max_message_size}",
-                    topic=self.topic,
-                )
+        self.check_size(content)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[MessageId] = loop.create_future()
         if sequence_id is None:
@@ -636,11 +638,19 @@ class AsyncProducer:
             sequence_id=sequence_id,
             txn=txn,
         )
-        if not self.conf.batching_enabled:
-            return await fut
+        if self.conf.batching_enabled:
+            self.flush_now()
+        return await fut
+
+    def flush_now(self) -> None:
+        """Send the open batches now, without waiting for receipts."""
         for p in self._parts:
             p.flush_now()
-        return await fut
+
+    def check_size(self, content: bytes) -> None:
+        """Raise :class:`MessageTooBig` if ``content`` exceeds the broker's limit on any partition."""
+        for p in self._parts:
+            p.check_size(content)
 
     async def flush(self) -> None:
         """Send open batches and wait for all pending receipts."""

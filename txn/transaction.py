@@ -80,68 +80,45 @@ class AsyncTransaction:
 
     # ------------------------------------------------------------ registration
 
-    async def _register(self, table: dict, key: Any, coro_fn) -> None:  # noqa: ANN001
-        fut = table.get(key)
-        if fut is None:
-            loop = asyncio.get_running_loop()
-            fut = loop.create_future()
-            table[key] = fut
-            try:
-                await coro_fn()
-            except BaseException as exc:
-                del table[key]
-                fut.set_exception(exc)
-                fut.exception()
-                raise
-            fut.set_result(None)
-            return
-        await asyncio.shield(fut)
-
     async def register_partition(self, topic: str) -> None:
         """Tell the coordinator we produce to ``topic`` (once per partition)."""
-        self.check_open()
-        if topic in self._partitions and self._partitions[topic].done():
-            return
-        await self._register(self._partitions, topic, lambda: self._tc.add_partitions(self.id, [topic]))
+        await self.register_many([topic], [])
 
     async def register_subscription(self, topic: str, subscription: str) -> None:
         """Tell the coordinator we ack on ``topic``/``subscription`` (once per pair)."""
-        self.check_open()
-        key = (topic, subscription)
-        if key in self._subscriptions and self._subscriptions[key].done():
-            return
-        await self._register(
-            self._subscriptions, key, lambda: self._tc.add_subscriptions(self.id, [key])
-        )
+        await self.register_many([], [(topic, subscription)])
 
     async def register_many(self, partitions: list[str], subscriptions: list[tuple[str, str]]) -> None:
-        """Register several partitions and subscriptions at once (one request each kind)."""
-        self.check_open()
-        parts = [p for p in dict.fromkeys(partitions) if p not in self._partitions]
-        subs = [x for x in dict.fromkeys(subscriptions) if x not in self._subscriptions]
-        loop = asyncio.get_running_loop()
+        """Register partitions and subscriptions not registered yet: one request per kind.
 
-        async def reg(table: dict, keys: list, call) -> None:  # noqa: ANN001
-            if not keys:
-                return
-            futs = {}
-            for k in keys:
-                futs[k] = table[k] = loop.create_future()
+        Keys another call is registering right now are awaited, not sent twice.
+        """
+        self.check_open()
+        await asyncio.gather(
+            self._register(self._partitions, partitions, lambda ks: self._tc.add_partitions(self.id, ks)),
+            self._register(self._subscriptions, subscriptions, lambda ks: self._tc.add_subscriptions(self.id, ks)),
+        )
+
+    @staticmethod
+    async def _register(table: dict[Any, asyncio.Future[None]], keys: list[Any], call: Any) -> None:
+        pending = [table[k] for k in dict.fromkeys(keys) if k in table and not table[k].done()]
+        new = [k for k in dict.fromkeys(keys) if k not in table]
+        if new:
+            loop = asyncio.get_running_loop()
+            futs = {k: loop.create_future() for k in new}
+            table.update(futs)
             try:
-                await call(keys)
+                await call(new)
             except BaseException as exc:
                 for k, f in futs.items():
                     table.pop(k, None)
                     f.set_exception(exc)
-                    f.exception()
+                    f.exception()  # retrieved: waiters get it re-raised
                 raise
             for f in futs.values():
                 f.set_result(None)
-
-        await asyncio.gather(
-            reg(self._partitions, parts, lambda ks: self._tc.add_partitions(self.id, ks)),
-            reg(self._subscriptions, subs, lambda ks: self._tc.add_subscriptions(self.id, ks)),
-        )
+        if pending:
+            await asyncio.gather(*(asyncio.shield(f) for f in pending))
 
     def add_op(self, fut: asyncio.Future[Any]) -> None:
         """Track a send or ack; commit waits for it and aborts if it failed."""

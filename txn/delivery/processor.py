@@ -449,8 +449,7 @@ class AsyncProcessor:
                 futs.append((m, f))
                 counts[topic] = counts.get(topic, 0) + 1
         for p in self._producers.values():
-            for part in p._parts:  # noqa: SLF001 - flush open batches now
-                part.flush_now()
+            p.flush_now()
         for m, f in futs:
             try:
                 await f
@@ -477,8 +476,7 @@ class AsyncProcessor:
             rec = LedgerRecord("COMMITTED", c.job, batch_id, str(t.id), attempt, inputs, counts,
                                started_at_ms=started, ended_at_ms=now_ms())
             receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
-            for part in self._ledger._parts:  # noqa: SLF001 - send the record now
-                part.flush_now()
+            self._ledger.flush_now()
             await receipt
             await ack
             if self._generation() != generation:

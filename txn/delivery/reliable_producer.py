@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..admin import admin_request
 from ..backoff import Backoff
-from ..errors import AlreadyClosed, MessageTooBig, ProducerBusy, PulsarError
+from ..errors import AlreadyClosed, ProducerBusy, PulsarError
 from ..message import MessageId
-from ..protocol import CompressionType, compress
 from ..topic import parse_topic
 from .outbox import Outbox, OutboxRow
 
@@ -357,8 +356,7 @@ class AsyncReliableProducer:
     ) -> MessageId:
         """Send and wait for the confirm; raises :class:`MessageNacked` if the broker rejects it."""
         fut = await self.send_async(content, None, properties, partition_key, event_timestamp, checkpoint)
-        for p in self._core._parts:  # type: ignore[union-attr]  # noqa: SLF001
-            p.flush_now()
+        self._core.flush_now()  # type: ignore[union-attr]
         return await fut
 
     async def flush(self) -> None:
@@ -368,8 +366,7 @@ class AsyncReliableProducer:
             await asyncio.gather(*storing, return_exceptions=True)
         futs = list(self._unconfirmed.values())
         if self._core is not None:
-            for p in self._core._parts:  # noqa: SLF001
-                p.flush_now()
+            self._core.flush_now()
         if futs:
             await asyncio.gather(*futs, return_exceptions=True)
         if self._writer is not None and not self._writer.done():
@@ -418,11 +415,7 @@ class AsyncReliableProducer:
         for k, v in (properties or {}).items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"message properties must be str -> str, got {k!r}: {v!r}")
-        limit = min(p.max_message_size for p in self._core._parts)  # noqa: SLF001
-        codec = self._core.conf.compression_type
-        if len(data) > limit and (codec == CompressionType.NONE or len(compress(codec, data)) > limit):
-            raise MessageTooBig(f"message of {len(data)} bytes exceeds the broker's limit of {limit}",
-                                topic=self._topic)
+        self._core.check_size(data)
         return data
 
     async def _acquire(self) -> None:
