@@ -13,6 +13,7 @@ security tests read PULSAR_SERVICE_URL_TLS / PULSAR_TLS_CA / PULSAR_TOKEN.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -52,6 +53,38 @@ def _sanitise(name: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:limit]
 
 
+@contextlib.contextmanager
+def _local_broker(request: pytest.FixtureRequest, prefix: str, *, security: bool) -> Iterator[Broker]:
+    """Start a LocalBroker on free ports in a fresh data dir; keep the dir if tests failed."""
+    data_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    ports: set[int] = set()
+    while len(ports) < 4:
+        ports.add(free_port())
+    broker_port, web_port, bookie_port, tls_port = ports
+    local = LocalBroker(
+        data_dir, broker_port=broker_port, web_port=web_port, bookie_port=bookie_port,
+        transaction_coordinators=2, security=security, broker_port_tls=tls_port if security else None,
+    )
+    failed_before = request.session.testsfailed
+    started = False
+    try:
+        local.start(timeout=240)
+        started = True
+        if security:
+            yield Broker(
+                local.service_url, local.admin_url, local,
+                service_url_tls=local.service_url_tls, ca_cert=str(local.ca_cert_path), token=local.token,
+            )
+        else:
+            yield Broker(local.service_url, local.admin_url, local)
+    finally:
+        local.stop()
+        if started and request.session.testsfailed == failed_before:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        else:
+            print(f"\nbroker data and log kept in {data_dir}")
+
+
 @pytest.fixture(scope="session")
 def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     service_url = os.environ.get("PULSAR_SERVICE_URL")
@@ -59,29 +92,20 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     if service_url and admin_url:
         yield Broker(service_url, admin_url)
         return
-    data_dir = tempfile.mkdtemp(prefix="pulsar-txn-test-", dir="/tmp")
-    ports = set()
-    while len(ports) < 4:
-        ports.add(free_port())
-    broker_port, web_port, bookie_port, tls_port = ports
-    local = LocalBroker(
-        data_dir, broker_port=broker_port, web_port=web_port, bookie_port=bookie_port,
-        transaction_coordinators=2, security=True, broker_port_tls=tls_port,
-    )
-    started = False
-    try:
-        local.start(timeout=240)
-        started = True
-        yield Broker(
-            local.service_url, local.admin_url, local,
-            service_url_tls=local.service_url_tls, ca_cert=str(local.ca_cert_path), token=local.token,
-        )
-    finally:
-        local.stop()
-        if started and not request.session.testsfailed:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        else:
-            print(f"\nbroker data and log kept in {data_dir}")
+    with _local_broker(request, "pulsar-txn-test-", security=True) as b:
+        yield b
+
+
+@pytest.fixture
+def restartable_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A broker of the test's own, for tests that stop or restart it.
+
+    The session broker is never restarted: after a restart, a namespace's
+    transaction-buffer snapshot reader can take a long time to recover, which
+    would stall later tests' first transactional send in that namespace.
+    """
+    with _local_broker(request, "pulsar-txn-restart-", security=False) as b:
+        yield b
 
 
 @pytest.fixture

@@ -27,10 +27,8 @@ def _check(res):
 
 
 @pytest.mark.timeout(900)
-def test_chaos_short(broker, tmp_path):
-    if broker.local is None:
-        pytest.skip("the chaos run restarts the broker: it needs the broker this suite started")
-    res = run_chaos(broker, tmp_path / "chaos", n=2500, rate=150, kills=4, broker_restarts=1, zombies=1,
+def test_chaos_short(restartable_broker, tmp_path):
+    res = run_chaos(restartable_broker, tmp_path / "chaos", n=2500, rate=150, kills=4, broker_restarts=1, zombies=1,
                     time_limit_s=420)
     assert (res.kills, res.broker_restarts, res.zombies) == (4, 1, 1)
     _check(res)
@@ -38,10 +36,8 @@ def test_chaos_short(broker, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_chaos_long(broker, tmp_path):
-    if broker.local is None:
-        pytest.skip("the chaos run restarts the broker: it needs the broker this suite started")
-    res = run_chaos(broker, tmp_path / "chaos-long", n=30000, rate=400, kills=25, broker_restarts=3, zombies=3,
+def test_chaos_long(restartable_broker, tmp_path):
+    res = run_chaos(restartable_broker, tmp_path / "chaos-long", n=30000, rate=400, kills=25, broker_restarts=3, zombies=3,
                     seed=11, time_limit_s=2400)
     assert (res.kills, res.broker_restarts, res.zombies) == (25, 3, 3)
     _check(res)
