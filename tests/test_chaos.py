@@ -37,8 +37,8 @@ def test_chaos_short(restartable_broker, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_chaos_long(restartable_broker, tmp_path):
-    res = run_chaos(restartable_broker, tmp_path / "chaos-long", n=30000, rate=400, kills=25, broker_restarts=3, zombies=3,
-                    seed=11, time_limit_s=2400)
+    res = run_chaos(restartable_broker, tmp_path / "chaos-long", n=30000, rate=400, kills=25, broker_restarts=3,
+                    zombies=3, seed=11, time_limit_s=2400)
     assert (res.kills, res.broker_restarts, res.zombies) == (25, 3, 3)
     _check(res)
 

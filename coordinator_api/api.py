@@ -1,0 +1,266 @@
+"""REST routes: health, transactions, coordinators, jobs, batches, replays, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from sqlalchemy import text
+
+from txn.delivery.ledger import now_ms
+from txn.errors import PulsarError, TransactionNotFound
+from txn.message import TxnID
+
+from . import metrics, queries
+from .auth import require_read, require_write
+from .core import Core
+from .live import LiveError
+from .models import (
+    AbortResult,
+    Batch,
+    BatchDetail,
+    BatchStatus,
+    Component,
+    Coordinators,
+    Error,
+    Health,
+    Job,
+    JobDetail,
+    LiveTxn,
+    Page,
+    Replay,
+    TimeSeries,
+    Transaction,
+    TransactionDetail,
+    TxnState,
+)
+from .replays import NotReplayable
+
+router = APIRouter()
+reads = APIRouter(dependencies=[Depends(require_read)])
+writes = APIRouter(dependencies=[Depends(require_write)])
+
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": Error}, 403: {"model": Error}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Error}}
+BAD_ID: dict[int | str, dict[str, Any]] = {400: {"model": Error}}
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="page size")]
+Offset = Annotated[int, Query(ge=0, le=10_000_000, description="items to skip")]
+TxnIdPath = Annotated[str, Path(description="transaction id in the client's string form '(most,least)'",
+                                max_length=64)]
+BatchIdPath = Annotated[str, Path(description="batch id", max_length=512)]
+NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
+
+
+def core(request: Request) -> Core:
+    """The app's shared state."""
+    return request.app.state.core
+
+
+def parse_txn_id(txn_id: str) -> str:
+    """The canonical ``(most,least)`` form of ``txn_id``; 400 if malformed."""
+    try:
+        t = TxnID.parse(txn_id)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if t.most >= 2**63 or t.least >= 2**63:
+        raise HTTPException(400, f"transaction id {txn_id!r} is out of range")
+    return str(t)
+
+
+async def _live(c: Core, fn: Any, *args: Any) -> Any:
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except LiveError as exc:
+        raise HTTPException(503, str(exc)) from None
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health}})
+async def health(response: Response, c: Core = Depends(core)) -> Health:
+    """Broker and database reachability, and the projection's progress (503 if degraded)."""
+    try:
+        broker = Component(ok=True, detail=f"clusters: {await asyncio.to_thread(c.live.ping)}")
+    except LiveError as exc:
+        broker = Component(ok=False, detail=str(exc))
+    try:
+        def ping_db() -> None:
+            with c.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        await asyncio.to_thread(ping_db)
+        database = Component(ok=True, detail=c.engine.dialect.name)
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        database = Component(ok=False, detail=f"{type(exc).__name__}: {exc}")
+    projection = [] if c.projector is None else [
+        {"topic": s.topic, "records": s.records, "skipped": s.skipped, "position": s.position,
+         "last_applied_ms": s.last_applied_ms, "error": s.error} for s in c.projector.status.values()]
+    ok = broker.ok and database.ok
+    if not ok:
+        response.status_code = 503
+    return Health(status="ok" if ok else "degraded", broker=broker, database=database, projection=projection)
+
+
+@reads.get("/transactions", response_model=Page[Transaction], responses=AUTH_ERRORS)
+async def list_transactions(
+    c: Core = Depends(core),
+    state: Annotated[TxnState | None, Query(description="OPEN, COMMITTED or ABORTED")] = None,
+    job: NameFilter = None,
+    since: Annotated[int | None, Query(ge=0, le=2**62, description="started at or after (epoch ms)")] = None,
+    limit: Limit = 50, offset: Offset = 0,
+) -> dict[str, Any]:
+    """Transactions from the ledger, newest first."""
+    items, total = await asyncio.to_thread(queries.list_transactions, c.engine, state, job, since, limit, offset)
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+@reads.get("/transactions/timeseries", response_model=TimeSeries, responses=AUTH_ERRORS)
+async def transactions_timeseries(
+    c: Core = Depends(core),
+    window_s: Annotated[int, Query(ge=10, le=7 * 86400, description="how far back")] = 600,
+    bucket_s: Annotated[int, Query(ge=1, le=86400, description="bucket width")] = 10,
+) -> dict[str, Any]:
+    """Transactions by state over time: committed and aborted by end time, open by start time."""
+    if window_s // bucket_s > 2000:
+        raise HTTPException(422, "too many buckets: window_s / bucket_s must be <= 2000")
+    until = now_ms()
+    until -= until % (bucket_s * 1000)
+    until += bucket_s * 1000
+    points = await asyncio.to_thread(queries.timeseries, c.engine, until - window_s * 1000, until, bucket_s * 1000)
+    return {"bucket_ms": bucket_s * 1000, "points": points}
+
+
+@reads.get("/transactions/{txn_id}", response_model=TransactionDetail,
+           responses={**AUTH_ERRORS, **NOT_FOUND, **BAD_ID, 503: {"model": Error}})
+async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> dict[str, Any]:
+    """A transaction: its ledger record(s) and, while it is live, the coordinator's metadata."""
+    tid = parse_txn_id(txn_id)
+    row = await asyncio.to_thread(queries.get_transaction, c.engine, tid)
+    recs = await asyncio.to_thread(queries.records, c.engine, txn_id=tid)
+    live = None
+    if row is None or row["state"] == "OPEN":
+        meta = await _live(c, c.live.txn_metadata, tid)
+        if meta is not None:
+            live = LiveTxn(**meta, age_ms=now_ms() - meta["opened_at_ms"] if meta.get("opened_at_ms") else None)
+    if row is None and live is None:
+        raise HTTPException(404, f"transaction {tid} is neither in the ledger nor known to its coordinator")
+    buffers: dict[str, Any] = {}
+    pending: dict[str, Any] = {}
+    if live is not None:
+        for topic in live.produced_partitions[:20]:
+            buffers[topic] = await _live(c, c.live.buffer_stats, topic)
+        for ts in live.acked_subscriptions[:20]:
+            topic, _, sub = ts.rpartition(":")
+            pending[ts] = await _live(c, c.live.pending_ack_stats, topic, sub)
+    state = live.status if live is not None and live.status else row["state"]  # type: ignore[index]
+    return {"txn_id": tid, "state": state, "ledger": row, "records": recs, "live": live, "buffers": buffers,
+            "pending_acks": pending}
+
+
+@writes.post("/transactions/{txn_id}/abort", response_model=AbortResult,
+             responses={**AUTH_ERRORS, **NOT_FOUND, **BAD_ID, 409: {"model": Error}, 503: {"model": Error}})
+async def abort_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> AbortResult:
+    """Abort a stuck open transaction (its produced messages are discarded, its acks undone)."""
+    tid = parse_txn_id(txn_id)
+    meta = await _live(c, c.live.txn_metadata, tid)
+    if meta is None:
+        row = await asyncio.to_thread(queries.get_transaction, c.engine, tid)
+        if row is None:
+            raise HTTPException(404, f"transaction {tid} is not known to its coordinator nor in the ledger")
+        raise HTTPException(409, f"transaction {tid} has already ended ({row['state']} in the ledger)")
+    if meta["status"] not in ("OPEN", None):
+        raise HTTPException(409, f"transaction {tid} is {meta['status']}, not OPEN")
+    try:
+        await c.client.transaction_from_id(tid).abort()
+    except TransactionNotFound:
+        raise HTTPException(409, f"transaction {tid} ended before it could be aborted") from None
+    except PulsarError as exc:
+        raise HTTPException(503, f"abort of {tid} failed: {exc}") from None
+    return AbortResult(txn_id=tid, state="ABORTED", message=f"transaction {tid} aborted")
+
+
+@reads.get("/coordinators", response_model=Coordinators, responses={**AUTH_ERRORS, 503: {"model": Error}})
+async def coordinators(
+    c: Core = Depends(core),
+    slow_after_ms: Annotated[int | None, Query(ge=0, le=2**40, description="'slow' threshold")] = None,
+) -> dict[str, Any]:
+    """Coordinator stats, and the open transactions older than ``slow_after_ms``."""
+    slow_ms = c.settings.slow_txn_ms if slow_after_ms is None else slow_after_ms
+    stats = await _live(c, c.live.coordinator_stats)
+    slow = await _live(c, c.live.slow_transactions, slow_ms)
+    now = now_ms()
+    for s in slow:
+        s["age_ms"] = now - s["opened_at_ms"] if s.get("opened_at_ms") else None
+    return {"coordinators": stats, "slow_after_ms": slow_ms, "slow_transactions": slow}
+
+
+@reads.get("/jobs", response_model=list[Job], responses=AUTH_ERRORS)
+async def jobs(c: Core = Depends(core)) -> list[dict[str, Any]]:
+    """Every job: batches by status, committed volumes, throughput, last commit."""
+    def run() -> list[dict[str, Any]]:
+        return [s for j in queries.job_names(c.engine) if (s := queries.job_stats(c.engine, j)) is not None]
+    return await asyncio.to_thread(run)
+
+
+@reads.get("/jobs/{job}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
+async def job(job: Annotated[str, Path(max_length=256)], c: Core = Depends(core),
+              recent: Annotated[int, Query(ge=0, le=1000, description="latest batches to include")] = 20,
+              ) -> dict[str, Any]:
+    """One job's stats and its latest batches."""
+    stats = await asyncio.to_thread(queries.job_stats, c.engine, job)
+    if stats is None:
+        raise HTTPException(404, f"no batches of job {job!r} in the ledger")
+    items, _ = await asyncio.to_thread(queries.list_batches, c.engine, job, None, max(recent, 1), 0)
+    return {**stats, "recent_batches": items[:recent]}
+
+
+@reads.get("/batches", response_model=Page[Batch], responses=AUTH_ERRORS)
+async def list_batches(
+    c: Core = Depends(core), job: NameFilter = None,
+    status: Annotated[BatchStatus | None, Query(description="STARTED, COMMITTED, ABORTED, PARKED or REPLAYED")] = None,
+    limit: Limit = 50, offset: Offset = 0,
+) -> dict[str, Any]:
+    """Batches from the ledger, newest first."""
+    items, total = await asyncio.to_thread(queries.list_batches, c.engine, job, status, limit, offset)
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+@reads.get("/batches/{batch_id}", response_model=BatchDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
+async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
+    """A batch, its ledger records and its replay."""
+    row = await asyncio.to_thread(queries.get_batch, c.engine, batch_id)
+    if row is None:
+        raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
+    row["records"] = await asyncio.to_thread(queries.records, c.engine, batch_id=batch_id)
+    return row
+
+
+@writes.post("/batches/{batch_id}/replay", status_code=202, response_model=Replay,
+             responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": Error}})
+async def replay_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
+    """Replay a parked batch exactly once (202 with the replay; a repeated POST returns the same one)."""
+    row = await asyncio.to_thread(queries.get_batch, c.engine, batch_id)
+    if row is None:
+        raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
+    try:
+        rep, started = await asyncio.to_thread(c.replays.request, row)
+    except NotReplayable as exc:
+        raise HTTPException(409, str(exc)) from None
+    if started:
+        c.replays.launch(rep["replay_id"])
+    return rep
+
+
+@reads.get("/replays/{replay_id}", response_model=Replay, responses={**AUTH_ERRORS, **NOT_FOUND})
+async def get_replay(replay_id: Annotated[str, Path(max_length=64)], c: Core = Depends(core)) -> dict[str, Any]:
+    """A replay's status."""
+    rep = await asyncio.to_thread(c.replays.get, replay_id)
+    if rep is None:
+        raise HTTPException(404, f"replay {replay_id!r} not found")
+    return rep
+
+
+@reads.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **AUTH_ERRORS})
+async def prometheus(c: Core = Depends(core)) -> Response:
+    """Prometheus text format: transactions by state, batches, replays, commit latency."""
+    body = await asyncio.to_thread(metrics.render, c.engine, c.projector)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,63 @@
+"""The state one API process shares between requests: settings, database, broker views."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from txn.auth import AuthenticationToken
+from txn.client import AsyncClient
+
+from .db import make_engine
+from .live import Live
+from .projection import Projector
+from .replays import ReplayService
+from .settings import Settings
+
+log = logging.getLogger("coordinator_api")
+
+
+@dataclass
+class Core:
+    """Everything a request handler needs."""
+
+    settings: Settings
+    engine: Engine
+    live: Live
+    client: AsyncClient
+    replays: ReplayService
+    projector: Projector | None = None
+
+    @classmethod
+    def open(cls, settings: Settings) -> Core:
+        """Connect the database (creating the schema) and set up the broker clients."""
+        engine = make_engine(settings.database_url)
+        token = settings.pulsar_token or None
+        live = Live(settings.admin_url, token=token, timeout=settings.admin_timeout_s)
+        auth = AuthenticationToken(token) if token else None
+        client = AsyncClient(settings.service_url, authentication=auth)
+        core = cls(settings, engine, live, client, ReplayService(engine, client))
+        if settings.project:
+            core.projector = Projector(engine, client, live, topics=settings.ledger_topic_list,
+                                       chunk=settings.projection_batch,
+                                       discover_interval_s=settings.discover_interval_s,
+                                       resolve_after_ms=settings.resolve_after_ms)
+        return core
+
+    def start(self) -> None:
+        """Start the projection and resume replays a previous process left unfinished."""
+        if self.projector is not None:
+            self.projector.start()
+        resumed = self.replays.resume()
+        if resumed:
+            log.info("resumed %d unfinished replay(s)", resumed)
+
+    async def close(self) -> None:
+        """Stop background work and release connections."""
+        if self.projector is not None:
+            await self.projector.stop()
+        await self.replays.stop()
+        await self.client.close()
+        self.engine.dispose()

@@ -1,0 +1,168 @@
+"""The control plane's SQL schema (SQLAlchemy Core): SQLite by default, PostgreSQL by URL.
+
+``ledger_records`` holds every ledger record once, keyed by (topic, message id): the
+projection inserts with "on conflict do nothing", so reading a record twice changes nothing.
+``batches`` and ``transactions`` are recomputed from the stored records of the batches and
+transactions a chunk touched, so they never count anything twice either.
+``projection_positions`` is updated in the same database transaction as the records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+metadata = MetaData()
+
+ledger_records = Table(
+    "ledger_records", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("topic", String(512), nullable=False),
+    Column("msg_ledger", BigInteger, nullable=False),
+    Column("msg_entry", BigInteger, nullable=False),
+    Column("msg_partition", Integer, nullable=False),
+    Column("msg_batch", Integer, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("job", String(256), nullable=False),
+    Column("batch_id", String(512), nullable=False),
+    Column("txn_id", String(64)),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at_ms", BigInteger, nullable=False),
+    Column("ended_at_ms", BigInteger),
+    Column("publish_ms", BigInteger, nullable=False),
+    Column("error", Text),
+    Column("record", Text, nullable=False),
+    UniqueConstraint("topic", "msg_ledger", "msg_entry", "msg_partition", "msg_batch", name="uq_ledger_position"),
+)
+Index("ix_records_batch", ledger_records.c.batch_id)
+Index("ix_records_txn", ledger_records.c.txn_id)
+
+batches = Table(
+    "batches", metadata,
+    Column("batch_id", String(512), primary_key=True),
+    Column("job", String(256), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("txn_id", String(64)),
+    Column("inputs", Integer, nullable=False),
+    Column("outputs", Integer, nullable=False),
+    Column("started_at_ms", BigInteger, nullable=False),
+    Column("ended_at_ms", BigInteger),
+    Column("duration_ms", BigInteger),
+    Column("error", Text),
+    Column("ledger_topic", String(512), nullable=False),
+    Column("parked_topic", String(512)),
+    Column("updated_at_ms", BigInteger, nullable=False),
+)
+Index("ix_batches_job_status", batches.c.job, batches.c.status)
+
+transactions = Table(
+    "transactions", metadata,
+    Column("txn_id", String(64), primary_key=True),
+    Column("job", String(256), nullable=False),
+    Column("batch_id", String(512), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("started_at_ms", BigInteger, nullable=False),
+    Column("ended_at_ms", BigInteger),
+    Column("duration_ms", BigInteger),
+    Column("error", Text),
+    Column("ledger_topic", String(512), nullable=False),
+)
+Index("ix_txns_state", transactions.c.state)
+Index("ix_txns_started", transactions.c.started_at_ms)
+
+#: Transactions the ledger shows open but the coordinator no longer knows (timed out, or the
+#: owner died): the reconciler's verdict, which a later COMMITTED record overrides.
+txn_resolutions = Table(
+    "txn_resolutions", metadata,
+    Column("txn_id", String(64), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("resolved_at_ms", BigInteger, nullable=False),
+)
+
+projection_positions = Table(
+    "projection_positions", metadata,
+    Column("topic", String(512), primary_key=True),
+    Column("msg_ledger", BigInteger, nullable=False),
+    Column("msg_entry", BigInteger, nullable=False),
+    Column("msg_partition", Integer, nullable=False),
+    Column("msg_batch", Integer, nullable=False),
+    Column("records", BigInteger, nullable=False),
+    Column("updated_at_ms", BigInteger, nullable=False),
+)
+
+replays = Table(
+    "replays", metadata,
+    Column("replay_id", String(64), primary_key=True),
+    Column("batch_id", String(512), nullable=False, unique=True),
+    Column("ledger_topic", String(512), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("requested_at_ms", BigInteger, nullable=False),
+    Column("started_at_ms", BigInteger),
+    Column("finished_at_ms", BigInteger),
+    Column("txn_id", String(64)),
+    Column("messages", Integer),
+    Column("message", Text),
+    Column("runs", Integer, nullable=False, default=0),
+)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+    else:
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    metadata.create_all(engine)
+    return engine
+
+
+def insert_ignore(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> int:
+    """Insert ``rows``, skipping those that collide with a unique key; returns how many were new."""
+    if not rows:
+        return 0
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        stmt = postgresql.insert(table).on_conflict_do_nothing()
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(table).on_conflict_do_nothing()
+    else:  # pragma: no cover - other databases are not supported
+        raise ValueError(f"unsupported database dialect {dialect!r}")
+    new = 0
+    for row in rows:  # row by row: rowcount tells which ones were new
+        new += conn.execute(stmt, row).rowcount or 0
+    return new
+
+
+def upsert(conn: Connection, table: Table, row: dict[str, Any], key: list[str]) -> None:
+    """Insert ``row`` or overwrite the row with the same ``key`` columns."""
+    dialect = conn.dialect.name
+    mod = postgresql if dialect == "postgresql" else sqlite
+    stmt = mod.insert(table).values(**row)
+    stmt = stmt.on_conflict_do_update(index_elements=key, set_={k: v for k, v in row.items() if k not in key})
+    conn.execute(stmt)

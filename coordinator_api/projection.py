@@ -1,0 +1,334 @@
+"""Project ledger topics into SQL: idempotent, resumable, no gaps, no double counts.
+
+Each ledger topic is tailed by a Reader that starts just after the position stored in
+``projection_positions``. A chunk of records is applied in one database transaction: the raw
+records (unique by topic + message id, so a record read twice is ignored), the recomputed
+``batches`` and ``transactions`` rows they touch, and the new position. A crash between
+chunks re-reads at most the last chunk, and re-reading changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.engine import Connection
+
+from txn.client import AsyncClient
+from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, now_ms
+from txn.errors import Timeout
+from txn.message import EARLIEST, Message, MessageId
+
+from . import db
+from .live import Live
+
+log = logging.getLogger("coordinator_api.projection")
+
+#: Record kinds whose transaction committed (the record is written inside it).
+COMMITTING_KINDS = ("COMMITTED", "PARKED", "REPLAYED")
+
+
+@dataclass(slots=True)
+class TopicStatus:
+    """How far the projection of one ledger topic got."""
+
+    topic: str
+    records: int = 0
+    skipped: int = 0
+    position: str | None = None
+    last_applied_ms: int | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Entry:
+    """One ledger message: its position, publish time and record (None if unreadable)."""
+
+    msg_id: MessageId
+    publish_ms: int
+    record: LedgerRecord | None
+    raw: bytes = b""
+
+
+def entry_of(m: Message) -> Entry:
+    """Parse a ledger message (records of other schemas become ``record=None``)."""
+    try:
+        rec: LedgerRecord | None = LedgerRecord.from_json(m.data())
+    except LedgerSchemaError:
+        rec = None
+    return Entry(m.message_id(), m.publish_timestamp(), rec, m.data())
+
+
+def _pos(mid: MessageId) -> dict[str, int]:
+    return {"msg_ledger": mid.ledger_id, "msg_entry": mid.entry_id, "msg_partition": mid.partition,
+            "msg_batch": mid.batch_index}
+
+
+def load_position(engine: Engine, topic: str) -> MessageId | None:
+    """The id of the last applied message of ``topic``, or None."""
+    with engine.connect() as conn:
+        row = conn.execute(select(db.projection_positions).where(db.projection_positions.c.topic == topic)).first()
+    if row is None:
+        return None
+    return MessageId(row.msg_ledger, row.msg_entry, row.msg_partition, row.msg_batch)
+
+
+def apply_chunk(engine: Engine, topic: str, entries: list[Entry]) -> tuple[int, int]:
+    """Apply ``entries`` (in topic order) in one database transaction; returns (new, skipped)."""
+    if not entries:
+        return 0, 0
+    rows = []
+    skipped = 0
+    for e in entries:
+        r = e.record
+        if r is None:
+            skipped += 1
+            continue
+        rows.append({
+            "topic": topic, **_pos(e.msg_id), "kind": r.kind, "job": r.job, "batch_id": r.batch_id,
+            "txn_id": r.txn_id, "attempt": r.attempt, "started_at_ms": r.started_at_ms or e.publish_ms,
+            "ended_at_ms": r.ended_at_ms, "publish_ms": e.publish_ms, "error": r.error,
+            "record": r.to_json().decode(),
+        })
+    last = entries[-1].msg_id
+    with engine.begin() as conn:
+        new = db.insert_ignore(conn, db.ledger_records, rows)
+        recompute(conn, topic, {r["batch_id"] for r in rows}, {r["txn_id"] for r in rows if r["txn_id"]})
+        cur = conn.execute(select(db.projection_positions).where(db.projection_positions.c.topic == topic)).first()
+        cur_id = None if cur is None else MessageId(cur.msg_ledger, cur.msg_entry, cur.msg_partition, cur.msg_batch)
+        if cur_id is None or cur_id < last:
+            db.upsert(conn, db.projection_positions, {
+                "topic": topic, **_pos(last), "records": (cur.records if cur else 0) + new,
+                "updated_at_ms": now_ms(),
+            }, ["topic"])
+    return new, skipped
+
+
+def _records(conn: Connection, column: Any, value: str) -> list[tuple[LedgerRecord, Any]]:
+    t = db.ledger_records
+    rows = conn.execute(select(t).where(column == value).order_by(t.c.id)).all()
+    return [(LedgerRecord.from_json(row.record), row) for row in rows]
+
+
+def is_stream_placeholder(rec: LedgerRecord) -> bool:
+    """The Spark sink's STARTED record of a streaming transaction opened before its batch is known."""
+    return rec.kind == "STARTED" and "stream_key" in rec.config and rec.batch_id.endswith(":next")
+
+
+def recompute(conn: Connection, topic: str, batch_ids: Iterable[str], txn_ids: Iterable[str]) -> None:
+    """Rebuild the ``batches`` and ``transactions`` rows of the given ids from their records."""
+    for batch_id in sorted(set(batch_ids)):
+        recs = [(r, row) for r, row in _records(conn, db.ledger_records.c.batch_id, batch_id)
+                if not is_stream_placeholder(r)]
+        if recs:
+            db.upsert(conn, db.batches, _batch_row(topic, recs), ["batch_id"])
+    for txn_id in sorted(set(txn_ids)):
+        recs = _records(conn, db.ledger_records.c.txn_id, txn_id)
+        res = conn.execute(select(db.txn_resolutions).where(db.txn_resolutions.c.txn_id == txn_id)).first()
+        if recs:
+            db.upsert(conn, db.transactions, _txn_row(topic, recs, res), ["txn_id"])
+
+
+def batch_status(recs: list[LedgerRecord]) -> LedgerRecord:
+    """The record that decides a batch's status (the same whatever order the records came in)."""
+    for kind in ("REPLAYED", "PARKED", "COMMITTED"):
+        found = [r for r in recs if r.kind == kind]
+        if found:
+            return found[-1]
+    top = max(r.attempt for r in recs)
+    last = [r for r in recs if r.attempt == top]
+    aborted = [r for r in last if r.kind == "ABORTED"]
+    return aborted[-1] if aborted else last[-1]
+
+
+def _batch_row(topic: str, recs: list[tuple[LedgerRecord, Any]]) -> dict[str, Any]:
+    records = [r for r, _ in recs]
+    decider = batch_status(records)
+    errors = [r.error for r in records if r.error]
+    committed = [r for r in records if r.kind in ("COMMITTED", "REPLAYED")]
+    outputs = sum(sum(r.outputs.values()) for r in committed) if committed else sum(decider.outputs.values())
+    started = min((row.started_at_ms for _, row in recs), default=0)
+    ended = decider.ended_at_ms if decider.kind != "STARTED" else None
+    parked = next((r.parked_topic for r in records if r.parked_topic), None)
+    return {
+        "batch_id": decider.batch_id, "job": decider.job, "status": decider.kind,
+        "attempts": max(r.attempt for r in records), "txn_id": decider.txn_id,
+        "inputs": sum(len(v) for v in decider.inputs.values()), "outputs": outputs,
+        "started_at_ms": started, "ended_at_ms": ended,
+        "duration_ms": None if ended is None else max(0, ended - started),
+        "error": errors[-1] if errors else None, "ledger_topic": topic, "parked_topic": parked,
+        "updated_at_ms": now_ms(),
+    }
+
+
+def txn_state(recs: list[LedgerRecord], resolution: Any = None) -> tuple[str, LedgerRecord]:
+    """``OPEN``, ``COMMITTED`` or ``ABORTED`` from a transaction's records, and the deciding record."""
+    done = [r for r in recs if r.kind in COMMITTING_KINDS]
+    if done:
+        return "COMMITTED", done[-1]
+    aborted = [r for r in recs if r.kind == "ABORTED"]
+    if aborted:
+        return "ABORTED", aborted[-1]
+    if resolution is not None:
+        return resolution.state, recs[-1]
+    return "OPEN", recs[-1]
+
+
+def _txn_row(topic: str, recs: list[tuple[LedgerRecord, Any]], resolution: Any) -> dict[str, Any]:
+    records = [r for r, _ in recs]
+    state, decider = txn_state(records, resolution)
+    real = [r for r in records if not is_stream_placeholder(r)]
+    named = decider if not is_stream_placeholder(decider) else (real[-1] if real else decider)
+    started = min(row.started_at_ms for _, row in recs)
+    if state == "OPEN":
+        ended = None
+    elif decider.kind == "STARTED":  # resolved by the reconciler
+        ended = resolution.resolved_at_ms
+    else:
+        ended = decider.ended_at_ms or next(row.publish_ms for r, row in recs if r is decider)
+    error = decider.error if state == "ABORTED" and decider.kind == "ABORTED" else (
+        resolution.reason if state != "COMMITTED" and resolution is not None else None)
+    return {
+        "txn_id": decider.txn_id, "job": named.job, "batch_id": named.batch_id, "attempt": named.attempt,
+        "state": state, "started_at_ms": started, "ended_at_ms": ended,
+        "duration_ms": None if ended is None else max(0, ended - started), "error": error,
+        "ledger_topic": topic,
+    }
+
+
+@dataclass
+class Projector:
+    """Tails every ledger topic into the database; finds new ledger topics; resolves vanished
+    open transactions against the coordinator."""
+
+    engine: Engine
+    client: AsyncClient
+    live: Live
+    topics: list[str] = field(default_factory=list)  # fixed list; empty = discover
+    chunk: int = 500
+    discover_interval_s: float = 10.0
+    resolve_after_ms: int = 15_000
+    status: dict[str, TopicStatus] = field(default_factory=dict)
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _loops: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Start the background tasks (in the running event loop)."""
+        self._loops.append(asyncio.create_task(self._discover_loop(), name="projection-discover"))
+        self._loops.append(asyncio.create_task(self._resolve_loop(), name="projection-resolve"))
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for them."""
+        tasks = [*self._loops, *self._tasks.values()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def follow(self, topic: str) -> None:
+        """Start tailing ``topic`` (no-op if already tailed)."""
+        if topic not in self._tasks:
+            self.status.setdefault(topic, TopicStatus(topic))
+            self._tasks[topic] = asyncio.create_task(self._tail(topic), name=f"projection {topic}")
+
+    async def _discover_loop(self) -> None:
+        while True:
+            try:
+                found = self.topics or await asyncio.to_thread(self.live.ledger_topics)
+                for topic in found:
+                    self.follow(topic)
+            except Exception as exc:  # noqa: BLE001 - keep looking; the error shows in /health
+                log.warning("ledger topic discovery failed: %s", exc)
+            if self.topics:
+                return
+            await asyncio.sleep(self.discover_interval_s)
+
+    async def _tail(self, topic: str) -> None:
+        st = self.status[topic]
+        backoff = 0.5
+        while True:
+            try:
+                start = await asyncio.to_thread(load_position, self.engine, topic)
+                reader = await self.client.create_reader(topic, start or EARLIEST, receiver_queue_size=self.chunk)
+                st.error = None
+                try:
+                    await self._read(topic, reader, st)
+                finally:
+                    await reader.close()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect and resume from the stored position
+                st.error = f"{type(exc).__name__}: {exc}"
+                log.warning("projection of %s: %s; resuming in %.1fs", topic, st.error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    async def _read(self, topic: str, reader: Any, st: TopicStatus) -> None:
+        while True:
+            entries: list[Entry] = []
+            try:
+                entries.append(entry_of(await reader.read_next(timeout_millis=1000)))
+                while len(entries) < self.chunk:  # whatever else is already here, briefly
+                    entries.append(entry_of(await reader.read_next(timeout_millis=20)))
+            except Timeout:
+                pass
+            if entries:
+                new, skipped = await asyncio.to_thread(apply_chunk, self.engine, topic, entries)
+                st.records += new
+                st.skipped += skipped
+                st.position = str(entries[-1].msg_id)
+                st.last_applied_ms = now_ms()
+
+    async def _resolve_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(1.0, min(5.0, self.resolve_after_ms / 3000)))
+            try:
+                await asyncio.to_thread(self.resolve_vanished)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("resolving open transactions failed: %s", exc)
+
+    def resolve_vanished(self, limit: int = 200) -> int:
+        """Mark ledger-OPEN transactions that the coordinator no longer knows as ABORTED.
+
+        A COMMITTED record that arrives later still wins (it is written inside the transaction,
+        so it exists exactly when the transaction committed)."""
+        t = db.transactions
+        cutoff = now_ms() - self.resolve_after_ms
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(t.c.txn_id, t.c.ledger_topic).where(t.c.state == "OPEN")
+                                .where(t.c.started_at_ms < cutoff).limit(limit)).all()
+        n = 0
+        for txn_id, topic in rows:
+            meta = self.live.txn_metadata(txn_id)
+            if meta is not None:
+                continue
+            with self.engine.begin() as conn:
+                db.upsert(conn, db.txn_resolutions, {
+                    "txn_id": txn_id, "state": "ABORTED", "resolved_at_ms": now_ms(),
+                    "reason": "the coordinator no longer knows this transaction and no COMMITTED record exists: "
+                              "it timed out or its owner aborted it without writing an ABORTED record",
+                }, ["txn_id"])
+                recompute(conn, topic, [], [txn_id])
+            n += 1
+        return n
+
+
+def projected_counts(engine: Engine) -> dict[str, Any]:
+    """Row counts, for health and tests."""
+    from sqlalchemy import func
+
+    with engine.connect() as conn:
+        return {name: conn.execute(select(func.count()).select_from(tbl)).scalar_one()
+                for name, tbl in (("records", db.ledger_records), ("batches", db.batches),
+                                  ("transactions", db.transactions))}
+
+
+def positions(engine: Engine) -> list[dict[str, Any]]:
+    """Stored projection positions."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(db.projection_positions)).all()
+    return [{"topic": r.topic, "position": str(MessageId(r.msg_ledger, r.msg_entry, r.msg_partition, r.msg_batch)),
+             "records": r.records, "updated_at_ms": r.updated_at_ms} for r in rows]
