@@ -5,6 +5,7 @@
     pulsar-txn process ...                exactly-once consume -> transform -> produce
     pulsar-txn replay --batch ID ...      replay a parked batch exactly once
     pulsar-txn spark submit JOB ...       Spark exactly-once runtime (DataFrame transform per batch)
+    pulsar-txn api | txns | batches | jobs   the control plane, and its client (see txn/cli_api.py)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from . import localbroker
+from . import cli_api, localbroker
 
 
 def _broker(args: argparse.Namespace) -> localbroker.LocalBroker:
@@ -222,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--exit-when-idle-ms", type=int, default=None)
     sm.add_argument("--progress-interval", type=float, default=5.0)
     sm.set_defaults(func=cmd_spark_submit)
+
+    cli_api.register(sub)  # imports coordinator_api only when `api` runs
     return p
 
 
