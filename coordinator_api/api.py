@@ -37,18 +37,21 @@ from .models import (
 )
 from .replays import NotReplayable
 
+MAX_BUCKETS = 2000
 router = APIRouter()
 reads = APIRouter(dependencies=[Depends(require_read)])
 writes = APIRouter(dependencies=[Depends(require_write)])
 
-AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": Error}, 403: {"model": Error}}
+#: Validation errors are ``{"detail": "<what was wrong>"}`` too (see app.py's handler).
+INVALID: dict[int | str, dict[str, Any]] = {422: {"model": Error}}
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": Error}, 403: {"model": Error}, **INVALID}
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Error}}
 BAD_ID: dict[int | str, dict[str, Any]] = {400: {"model": Error}}
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=10_000_000, description="items to skip")]
 TxnIdPath = Annotated[str, Path(description="transaction id in the client's string form '(most,least)'",
-                                max_length=64)]
+                                pattern=r"^(\([0-9]{1,18},[0-9]{1,18}\)|[0-9]{1,18}:[0-9]{1,18})$", examples=["(0,5)"])]
 BatchIdPath = Annotated[str, Path(description="batch id", max_length=512)]
 NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
 
@@ -76,7 +79,7 @@ async def _live(c: Core, fn: Any, *args: Any) -> Any:
         raise HTTPException(503, str(exc)) from None
 
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health}})
+@router.get("/health", response_model=Health, responses={503: {"model": Health}, **INVALID})
 async def health(response: Response, c: Core = Depends(core)) -> Health:
     """Broker and database reachability, and the projection's progress (503 if degraded)."""
     try:
@@ -119,9 +122,10 @@ async def transactions_timeseries(
     window_s: Annotated[int, Query(ge=10, le=7 * 86400, description="how far back")] = 600,
     bucket_s: Annotated[int, Query(ge=1, le=86400, description="bucket width")] = 10,
 ) -> dict[str, Any]:
-    """Transactions by state over time: committed and aborted by end time, open by start time."""
-    if window_s // bucket_s > 2000:
-        raise HTTPException(422, "too many buckets: window_s / bucket_s must be <= 2000")
+    """Transactions by state over time: committed and aborted by end time, open by start time.
+
+    At most 2000 buckets: a narrower ``bucket_s`` is widened (see ``bucket_ms`` in the answer)."""
+    bucket_s = max(bucket_s, -(-window_s // MAX_BUCKETS))  # at most MAX_BUCKETS points: widen the buckets
     until = now_ms()
     until -= until % (bucket_s * 1000)
     until += bucket_s * 1000

@@ -45,8 +45,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for e in exc.errors():
-            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-            parts.append(f"{where}: {e.get('msg')}")
+            loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+            if loc[-1:] == ["txn_id"] and e.get("type") == "string_pattern_mismatch":
+                parts.append(f"not a transaction id: {e.get('input')!r} (expected '(most,least)', e.g. '(0,5)')")
+                continue
+            parts.append(f"{'.'.join(loc)}: {e.get('msg')}")
         return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
 
     app.include_router(router)

@@ -153,9 +153,10 @@ def insert_ignore(conn: Connection, table: Table, rows: list[dict[str, Any]]) ->
         stmt = sqlite.insert(table).on_conflict_do_nothing()
     else:  # pragma: no cover - other databases are not supported
         raise ValueError(f"unsupported database dialect {dialect!r}")
+    stmt = stmt.returning(*table.primary_key.columns)  # rowcount is not reliable for every driver
     new = 0
-    for row in rows:  # row by row: rowcount tells which ones were new
-        new += conn.execute(stmt, row).rowcount or 0
+    for row in rows:  # row by row: a returned key means the row was new
+        new += len(conn.execute(stmt, row).all())
     return new
 
 

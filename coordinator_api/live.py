@@ -55,6 +55,8 @@ class Live:
     def txn_metadata(self, txn_id: str | TxnID) -> dict[str, Any] | None:
         """The coordinator's metadata of a live transaction, or None once it has ended."""
         t = txn_id if isinstance(txn_id, TxnID) else TxnID.parse(txn_id)
+        if t.most >= 2**31:  # coordinator ids are partition numbers; the broker answers 500 for these
+            return None
         meta = self._get(f"/admin/v3/transactions/transactionMetadata/{t.most}/{t.least}", ok_missing=True)
         return None if meta is None else shape_metadata(meta)
 

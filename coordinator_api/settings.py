@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     slow_txn_ms: int = Field(30_000, ge=0, description="an open transaction older than this is slow")
     #: A ledger-OPEN transaction the coordinator no longer knows, older than this, is marked aborted.
     resolve_after_ms: int = Field(15_000, ge=0, description="grace before resolving vanished open transactions")
-    admin_timeout_s: float = Field(5.0, gt=0, description="timeout of admin REST calls")
+    admin_timeout_s: float = Field(10.0, gt=0, description="timeout of admin REST calls")
 
     @field_validator("service_url")
     @classmethod

@@ -108,6 +108,15 @@ def restartable_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         yield b
 
 
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A real PostgreSQL server for the session (see tests/postgres.py)."""
+    from postgres import postgres_cluster
+
+    with postgres_cluster() as url:
+        yield url
+
+
 @pytest.fixture
 def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     """``unique_name(prefix)`` -> ``<prefix>-<test name>-<8 hex>``."""

@@ -29,15 +29,8 @@ from txn.delivery.dedup_store import DedupStore, PostgresDedupStore, SqliteDedup
 from txn.localbroker import admin_request, create_namespace
 
 from peer import read_until_sentinel
-from postgres import postgres_cluster
 
 # ------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    with postgres_cluster() as url:
-        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

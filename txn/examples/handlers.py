@@ -27,6 +27,19 @@ def poison_aware(message: Message) -> bytes:
     return message.data().upper()
 
 
+#: Environment variable naming a flag file: while it exists, :func:`poison_while_flagged` fails.
+POISON_FLAG_ENV = "PULSAR_TXN_POISON_FLAG"
+
+
+def poison_while_flagged(message: Message) -> bytes:
+    """Upper-case; fail on ``poison`` payloads while the file named by ``$PULSAR_TXN_POISON_FLAG``
+    exists (a bug that gets fixed: park the poison, remove the flag, replay it)."""
+    flag = os.environ.get(POISON_FLAG_ENV)
+    if b"poison" in message.data() and flag and os.path.exists(flag):
+        raise ValueError(f"cannot process {message.data()[:40]!r} (flag {flag} is set)")
+    return message.data().upper()
+
+
 def fan_out(message: Message) -> list[Output]:
     """Two outputs per input: to the output topic and to ``$FANOUT_TOPIC`` if set."""
     outs = [Output(message.data())]
