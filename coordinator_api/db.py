@@ -142,28 +142,30 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def _dml(dialect: str) -> Any:
+    if dialect == "postgresql":
+        return postgresql
+    if dialect == "sqlite":
+        return sqlite
+    raise ValueError(f"unsupported database dialect {dialect!r}")  # pragma: no cover
+
+
 def insert_ignore(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> int:
     """Insert ``rows``, skipping those that collide with a unique key; returns how many were new."""
     if not rows:
         return 0
-    dialect = conn.dialect.name
-    if dialect == "postgresql":
-        stmt = postgresql.insert(table).on_conflict_do_nothing()
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(table).on_conflict_do_nothing()
-    else:  # pragma: no cover - other databases are not supported
-        raise ValueError(f"unsupported database dialect {dialect!r}")
-    stmt = stmt.returning(*table.primary_key.columns)  # rowcount is not reliable for every driver
-    new = 0
-    for row in rows:  # row by row: a returned key means the row was new
-        new += len(conn.execute(stmt, row).all())
-    return new
+    stmt = _dml(conn.dialect.name).insert(table).on_conflict_do_nothing()
+    # One multi-row statement; RETURNING gives exactly the rows that were new (rowcount is not
+    # reliable for every driver with ON CONFLICT DO NOTHING).
+    stmt = stmt.returning(*table.primary_key.columns)
+    return len(conn.execute(stmt, rows).all())
 
 
-def upsert(conn: Connection, table: Table, row: dict[str, Any], key: list[str]) -> None:
-    """Insert ``row`` or overwrite the row with the same ``key`` columns."""
-    dialect = conn.dialect.name
-    mod = postgresql if dialect == "postgresql" else sqlite
-    stmt = mod.insert(table).values(**row)
-    stmt = stmt.on_conflict_do_update(index_elements=key, set_={k: v for k, v in row.items() if k not in key})
-    conn.execute(stmt)
+def upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], key: list[str]) -> None:
+    """Insert ``rows`` or overwrite the rows with the same ``key`` columns (all rows have the same columns)."""
+    if not rows:
+        return
+    ins = _dml(conn.dialect.name).insert(table)
+    stmt = ins.on_conflict_do_update(index_elements=key,
+                                     set_={c: ins.excluded[c] for c in rows[0] if c not in key})
+    conn.execute(stmt, rows)

@@ -101,17 +101,23 @@ def apply_chunk(engine: Engine, topic: str, entries: list[Entry]) -> tuple[int, 
         cur = conn.execute(select(db.projection_positions).where(db.projection_positions.c.topic == topic)).first()
         cur_id = None if cur is None else MessageId(cur.msg_ledger, cur.msg_entry, cur.msg_partition, cur.msg_batch)
         if cur_id is None or cur_id < last:
-            db.upsert(conn, db.projection_positions, {
+            db.upsert(conn, db.projection_positions, [{
                 "topic": topic, **_pos(last), "records": (cur.records if cur else 0) + new,
                 "updated_at_ms": now_ms(),
-            }, ["topic"])
+            }], ["topic"])
     return new, skipped
 
 
-def _records(conn: Connection, column: Any, value: str) -> list[tuple[LedgerRecord, Any]]:
+def _records_by(conn: Connection, column: Any, values: set[str]) -> dict[str, list[tuple[LedgerRecord, Any]]]:
+    """Stored records whose ``column`` is one of ``values``, grouped by it, oldest first."""
     t = db.ledger_records
-    rows = conn.execute(select(t).where(column == value).order_by(t.c.id)).all()
-    return [(LedgerRecord.from_json(row.record), row) for row in rows]
+    out: dict[str, list[tuple[LedgerRecord, Any]]] = {}
+    ordered = sorted(values)
+    for i in range(0, len(ordered), 500):  # bounded IN lists
+        rows = conn.execute(select(t).where(column.in_(ordered[i:i + 500])).order_by(t.c.id)).all()
+        for row in rows:
+            out.setdefault(getattr(row, column.name), []).append((LedgerRecord.from_json(row.record), row))
+    return out
 
 
 def is_stream_placeholder(rec: LedgerRecord) -> bool:
@@ -121,16 +127,20 @@ def is_stream_placeholder(rec: LedgerRecord) -> bool:
 
 def recompute(conn: Connection, topic: str, batch_ids: Iterable[str], txn_ids: Iterable[str]) -> None:
     """Rebuild the ``batches`` and ``transactions`` rows of the given ids from their records."""
-    for batch_id in sorted(set(batch_ids)):
-        recs = [(r, row) for r, row in _records(conn, db.ledger_records.c.batch_id, batch_id)
-                if not is_stream_placeholder(r)]
+    by_batch = _records_by(conn, db.ledger_records.c.batch_id, set(batch_ids))
+    batch_rows = []
+    for batch_id in sorted(by_batch):
+        recs = [(r, row) for r, row in by_batch[batch_id] if not is_stream_placeholder(r)]
         if recs:
-            db.upsert(conn, db.batches, _batch_row(topic, recs), ["batch_id"])
-    for txn_id in sorted(set(txn_ids)):
-        recs = _records(conn, db.ledger_records.c.txn_id, txn_id)
-        res = conn.execute(select(db.txn_resolutions).where(db.txn_resolutions.c.txn_id == txn_id)).first()
-        if recs:
-            db.upsert(conn, db.transactions, _txn_row(topic, recs, res), ["txn_id"])
+            batch_rows.append(_batch_row(topic, recs))
+    db.upsert(conn, db.batches, batch_rows, ["batch_id"])
+    tids = set(txn_ids)
+    by_txn = _records_by(conn, db.ledger_records.c.txn_id, tids)
+    res = db.txn_resolutions
+    resolutions = {r.txn_id: r for r in conn.execute(select(res).where(res.c.txn_id.in_(sorted(tids)))).all()} \
+        if tids else {}
+    db.upsert(conn, db.transactions, [_txn_row(topic, by_txn[t], resolutions.get(t)) for t in sorted(by_txn)],
+              ["txn_id"])
 
 
 def batch_status(recs: list[LedgerRecord]) -> LedgerRecord:
@@ -306,11 +316,11 @@ class Projector:
             if meta is not None:
                 continue
             with self.engine.begin() as conn:
-                db.upsert(conn, db.txn_resolutions, {
+                db.upsert(conn, db.txn_resolutions, [{
                     "txn_id": txn_id, "state": "ABORTED", "resolved_at_ms": now_ms(),
                     "reason": "the coordinator no longer knows this transaction and no COMMITTED record exists: "
                               "it timed out or its owner aborted it without writing an ABORTED record",
-                }, ["txn_id"])
+                }], ["txn_id"])
                 recompute(conn, topic, [], [txn_id])
             n += 1
         return n

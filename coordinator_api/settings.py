@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     #: Ledger topics to project; empty means: discover every ``pulsar-txn-ledger`` topic.
     ledger_topics: str = Field("", description="comma-separated ledger topics (empty: discover)")
     discover_interval_s: float = Field(10.0, gt=0, description="how often to look for new ledger topics")
-    projection_batch: int = Field(500, ge=1, le=100_000, description="ledger records per database transaction")
+    projection_batch: int = Field(500, ge=1, le=5000, description="ledger records per database transaction")
     project: bool = Field(True, description="run the ledger projection in this process")
     slow_txn_ms: int = Field(30_000, ge=0, description="an open transaction older than this is slow")
     #: A ledger-OPEN transaction the coordinator no longer knows, older than this, is marked aborted.
