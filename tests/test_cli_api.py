@@ -2,7 +2,7 @@
 
 One module-wide data set: two jobs processed by ``pulsar-txn process`` in a fresh namespace, each
 with a poison message, so each has one PARKED batch. ``poisonjob`` uses ``poison_aware`` (its replay
-fails again); ``flagjob`` uses ``flag_handlers:fail_while_flagged``, which fails only while a flag
+fails again); ``flagjob`` uses ``txn.examples.handlers:poison_while_flagged``, which fails only while a flag
 file exists, so its replay fails, then succeeds once the file is gone.
 """
 
@@ -25,11 +25,11 @@ from typing import Any
 
 import pulsar
 import pytest
-from flag_handlers import FLAG_ENV
 
 import txn
 from txn import cli
 from txn.delivery.ledger import LedgerRecord, now_ms
+from txn.examples.handlers import POISON_FLAG_ENV as FLAG_ENV
 from txn.localbroker import create_namespace, free_port
 
 from api_server import TOKEN, ApiServer
@@ -160,7 +160,7 @@ def world(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     api = None
     try:
         jobs = {POISON_JOB: (POISON_INPUT, "txn.examples.handlers:poison_aware"),
-                FLAG_JOB: (FLAG_INPUT, "flag_handlers:fail_while_flagged")}
+                FLAG_JOB: (FLAG_INPUT, "txn.examples.handlers:poison_while_flagged")}
         procs = {}
         outputs = {}
         for job, (payloads, handler) in jobs.items():
@@ -457,7 +457,8 @@ def test_replay_succeeds_once_the_handler_is_fixed_and_only_once(world: World) -
     assert r.returncode == 1, r.stdout + r.stderr
     rid = r.stdout.split()[1]
     _, _, last = _replay_lines(r.stdout, rid, batch)
-    assert re.fullmatch(rf"replay {rid}: failed: ValueError: flagged: b'poison-b2' \(run 1, \d+ ms\)", last)
+    assert re.fullmatch(rf"replay {rid}: failed: ValueError: cannot process b'poison-b2' \(flag \S+ is set\) "
+                        rf"\(run 1, \d+ ms\)", last)
 
     world.flag.unlink()  # the "fix"; the API process's handler sees it too
     r = world.cli("batches", "replay", batch, "--wait", "--interval", "0.1", token=TOKEN)

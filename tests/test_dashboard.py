@@ -32,6 +32,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 import txn
 from txn.delivery.ledger import default_ledger_topic
+from txn.examples.handlers import POISON_FLAG_ENV
 from txn.localbroker import create_namespace
 
 from api_server import TOKEN, ApiServer
@@ -40,8 +41,8 @@ from peer import read_until_sentinel
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
-HANDLER = "dashboard_handlers:upper_unless_flagged"
-FLAG_ENV = "DASHBOARD_POISON_FLAG"
+HANDLER = "txn.examples.handlers:poison_while_flagged"
+FLAG_ENV = POISON_FLAG_ENV
 N = 24
 POISON_AT = 10
 WAIT_MS = 90_000  # the page refreshes every 3 s; the machine may be busy
