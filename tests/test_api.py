@@ -21,7 +21,7 @@ import pytest
 import txn
 from txn.client import AsyncClient
 from txn.delivery import Processor
-from txn.delivery.ledger import default_ledger_topic
+from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
 from txn.delivery.replay import read_ledger
 from txn.examples.handlers import POISON_FLAG_ENV, poison_while_flagged
 from txn.localbroker import create_namespace
@@ -179,7 +179,7 @@ def test_bad_requests_get_4xx_with_a_message(api: Any, path: str, status: int) -
     got, body = api.request("GET", path)
     assert got == status, body
     assert isinstance(body["detail"], str) and body["detail"]
-    if path.startswith("/transactions/") and status == 422:
+    if status == 422 and (path.startswith("/transactions/(") or path == "/transactions/garbage"):
         assert body["detail"].startswith("not a transaction id:"), body
 
 
@@ -275,5 +275,34 @@ def test_mutations_refused_without_a_configured_token(broker: Any, tmp_path: Pat
     try:
         status, body = server.request("POST", "/batches/x/replay", token="anything")
         assert status == 403 and "PULSAR_TXN_API_TOKEN" in body["detail"]
+    finally:
+        server.stop()
+
+
+def test_vanished_open_transaction_is_resolved_as_aborted(broker: Any, tmp_path: Path) -> None:
+    """A STARTED record whose transaction then times out on the broker (its owner died before
+    writing anything else) shows OPEN, then ABORTED with the reason, once the coordinator
+    no longer knows it."""
+    ns = f"public/api-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    ledger = default_ledger_topic(f"persistent://{ns}/x")
+    c = txn.Client(broker.service_url)
+    try:
+        t = c.new_transaction(timeout_millis=2000)
+        rec = LedgerRecord("STARTED", "orphan", "orphan:1", str(t.id), 1, {}, started_at_ms=now_ms())
+        c.create_producer(ledger).send(rec.to_json(), partition_key="orphan:1")
+    finally:
+        c.close()
+    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                       extra_env={"PULSAR_TXN_RESOLVE_AFTER_MS": "3000"}).start()
+    try:
+        tid = str(t.id)
+        row = server.wait_for(lambda: (r := server.request("GET", f"/transactions/{tid}"))[0] == 200 and r[1])
+        assert row["ledger"]["state"] in ("OPEN", "ABORTED")
+        done = server.wait_for(lambda: (r := server.get(f"/transactions/{tid}"))["state"] == "ABORTED" and r,
+                               timeout=90)
+        assert done["ledger"]["job"] == "orphan" and "no longer knows" in done["ledger"]["error"]
+        assert done["live"] is None
+        assert server.get("/batches?job=orphan")["items"][0]["status"] == "STARTED"
     finally:
         server.stop()
