@@ -543,7 +543,9 @@ class AsyncProcessor:
             t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
             try:
                 p = await self._producer(parked_topic)
-                await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None, txn=t)
+                # Keep the event time: a replay hands the transform the message as it first saw it.
+                await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
+                                   event_timestamp=m.event_timestamp() or None, txn=t)
                 await self._consumer.acknowledge_many([m], t)
                 rec = LedgerRecord(
                     "PARKED", c.job, batch_id, str(t.id), attempts, {m.topic_name(): [str(m.message_id())]},
