@@ -1,7 +1,7 @@
 """``pulsar-txn``: the command-line interface.
 
     pulsar-txn broker start|stop|status   run the local Pulsar standalone broker
-    pulsar-txn demo                       end-to-end transactional example
+    pulsar-txn demo                       Spark exactly-once job, failure, poison, replay, proof
     pulsar-txn process ...                exactly-once consume -> transform -> produce
     pulsar-txn replay --batch ID ...      replay a parked batch exactly once
     pulsar-txn spark submit JOB ...       Spark exactly-once runtime (DataFrame transform per batch)
@@ -51,15 +51,15 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .examples.demo import run_demo
+    from pathlib import Path
 
-    if args.service_url:
-        service_url, admin_url = args.service_url, args.admin_url
-    else:
-        b = _broker(args)
-        b.start(timeout=args.timeout)
-        service_url, admin_url = b.service_url, b.admin_url
-    return run_demo(service_url, admin_url)
+    from .examples.demo import DemoOptions, run_demo
+
+    opts = DemoOptions(service_url=args.service_url, admin_url=args.admin_url,
+                       work_dir=Path(args.work_dir) if args.work_dir else None, keep_running=args.keep_running,
+                       json_path=Path(args.json) if args.json else None, api_port=args.api_port,
+                       broker_timeout=args.timeout)
+    return run_demo(opts, None if args.service_url else _broker(args))
 
 
 def cmd_process(args: argparse.Namespace) -> int:
@@ -172,9 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     broker_opts(b)
     b.set_defaults(func=cmd_broker)
 
-    d = sub.add_parser("demo", help="start the local broker and run the end-to-end transactional example")
+    d = sub.add_parser("demo", help="the local broker, the control plane and a Spark exactly-once job: a failure, "
+                       "a poison message parked and replayed over REST, and the exactly-once check")
     d.add_argument("--service-url", default=None, help="use this broker instead of starting the local one")
     d.add_argument("--admin-url", default=None, help="admin REST URL of --service-url's broker")
+    d.add_argument("--keep-running", action="store_true", help="leave the control plane (and broker) running")
+    d.add_argument("--work-dir", default=None, help="logs, SQLite database, flags (default: ~/.cache/pulsar-txn/demo)")
+    d.add_argument("--api-port", type=int, default=None, help="control plane port (default 8765, else a free one)")
+    d.add_argument("--json", default=None, metavar="FILE", help="also write the summary to FILE as JSON")
     broker_opts(d)
     d.set_defaults(func=cmd_demo)
 
