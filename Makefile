@@ -4,7 +4,7 @@
 setup:
 	@bash deploy/bootstrap.sh
 
-demo: setup            ## start the local broker and run the end-to-end example
+demo: setup            ## the full demo: broker, control plane, Spark job with a fault and a poison, replay
 	.venv/bin/pulsar-txn demo
 
 test: setup            ## the whole default test suite (starts its own broker)

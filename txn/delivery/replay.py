@@ -119,19 +119,21 @@ async def replay_batch(
                 msgs.append(m)
         if not msgs:
             raise ReplayError(f"batch {batch_id}: its parked messages are not on {topics} (already replayed?)")
+        started = now_ms()
+        # The transform runs before the transaction opens: it may be slow (a Spark runtime
+        # starting up), and the transaction's timeout should only cover the writes.
+        loop = asyncio.get_running_loop()
+        originals = [_as_original(m) for m in msgs]
+        if batch_outputs is not None:
+            outputs = await loop.run_in_executor(None, batch_outputs, originals)
+        else:
+            outputs = []
+            for original in originals:
+                outputs.extend(normalise(await loop.run_in_executor(None, handler, original)))
         t = await client.new_transaction(timeout_millis=timeout_ms)
         counts: dict[str, int] = {}
         producers: dict[str, Any] = {}
-        started = now_ms()
         try:
-            loop = asyncio.get_running_loop()
-            originals = [_as_original(m) for m in msgs]
-            if batch_outputs is not None:
-                outputs = await loop.run_in_executor(None, batch_outputs, originals)
-            else:
-                outputs = []
-                for original in originals:
-                    outputs.extend(normalise(await loop.run_in_executor(None, handler, original)))
             for o in outputs:
                 topic = o.topic or output
                 if topic not in producers:
