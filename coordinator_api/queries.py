@@ -116,7 +116,7 @@ def job_stats(engine: Engine, job: str) -> dict[str, Any] | None:
                                    .where(and_(b.c.job == job, b.c.status.in_(done)))).scalar_one()
         lat = sorted(conn.execute(select(t.c.duration_ms).where(and_(t.c.job == job, t.c.state == "COMMITTED",
                                                                        t.c.duration_ms.is_not(None)))
-                                  .order_by(t.c.started_at_ms.desc()).limit(5000)).scalars())
+                                  .order_by(t.c.started_at_ms.desc()).limit(1000)).scalars())
     span_s = (last - first_start) / 1000 if last is not None and first_start is not None else 0
     return {
         "job": job, "batches": by_status, "total_batches": sum(by_status.values()),
