@@ -40,6 +40,9 @@ log = logging.getLogger("spark_jobs.sink")
 _DUP_LEDGER = 0xFFFFFFFFFFFFFFFF
 #: Rows handed from Spark's input iterator to the event loop at a time (deterministic_order=false).
 CHUNK_ROWS = 200
+#: Default cut of the sink's deterministic batches (the official client's batching defaults).
+BATCH_MAX_ROWS = 1000
+BATCH_MAX_BYTES = 128 * 1024
 #: How far from the end of a stream's marker topic the replay check looks before a full scan.
 MARKER_TAIL_ENTRIES = 64
 STREAM_MARKER_PREFIX = "pulsar-txn-stream-"
@@ -68,6 +71,16 @@ class OutRow:
 
     def sort_key(self) -> tuple[Any, ...]:
         return (self.topic, self.key is not None, self.key or "", self.value, self.properties)
+
+    def batch_bytes(self) -> int:
+        """What the row counts for towards ``batch_max_bytes``: a function of its content only
+        (so every attempt cuts batches alike), a little above its encoded size in a batch."""
+        n = len(self.value) + 32
+        if self.key is not None:
+            n += len(self.key) * 4
+        for k, v in self.properties:
+            n += (len(k) + len(v)) * 4 + 8
+        return n
 
 
 _topic_cache: dict[str, str] = {}
@@ -442,6 +455,8 @@ class TaskPlan:
     has_key: bool
     has_topic: bool
     has_props: bool
+    batch_max_rows: int = BATCH_MAX_ROWS
+    batch_max_bytes: int = BATCH_MAX_BYTES
 
     @property
     def producer_name(self) -> str:
@@ -494,13 +509,16 @@ async def _pull(rows: Iterable[Any], plan: TaskPlan) -> AsyncIterator[list[OutRo
 
 
 async def _acquire(client: AsyncClient, topic: str, name: str, deadline: float,
-                   send_timeout_ms: int = 30000) -> AsyncProducer:
-    """Create the named producer, waiting while another attempt of this task still holds the name."""
+                   send_timeout_ms: int = 30000, window: int = 1000) -> AsyncProducer:
+    """Create the named producer, waiting while another attempt of this task still holds the name.
+
+    It does not batch by itself: the sink sends its own deterministic batches.
+    """
     while True:
         try:
             return await client.create_producer(
                 topic, producer_name=name, batching_enabled=False, block_if_queue_full=True,
-                max_pending_messages=1000, send_timeout_millis=send_timeout_ms,
+                max_pending_messages=window, send_timeout_millis=send_timeout_ms,
             )
         except (ProducerBusy, Timeout) as exc:
             if time.monotonic() >= deadline:
@@ -510,11 +528,33 @@ async def _acquire(client: AsyncClient, topic: str, name: str, deadline: float,
             await asyncio.sleep(0.5)
 
 
+class _OpenBatch:
+    """Rows for one topic partition waiting to be sent as one batch."""
+
+    __slots__ = ("rows", "indexes", "size")
+
+    def __init__(self) -> None:
+        self.rows: list[OutRow] = []
+        self.indexes: list[int] = []
+        self.size = 0
+
+
 async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | None = None) -> TaskResult:
-    """Produce one Spark partition into the transaction (see :mod:`spark_jobs.sink`)."""
+    """Produce one Spark partition into the transaction (see :mod:`spark_jobs.sink`).
+
+    Rows bound for one topic partition are numbered 0, 1, ... (their sequence ids) and sent in
+    batches cut by row count and content size only (``batch_max_rows``, ``batch_max_bytes``),
+    never by time: every attempt that sees the same rows sends the same batches with the same
+    ids. A batch is sent once it is complete, or at the end of the input; a failing attempt
+    sends no partial one. ``batch_max_rows=1`` sends each row as a message of its own.
+    ``hook(index, future)`` runs for each row once its batch is sent (``index``: the row's
+    position in the task's input, after sorting).
+    """
     started = time.monotonic()
     deadline = started + plan.txn_timeout_ms / 1000.0
     name = plan.producer_name
+    max_rows = max(1, plan.batch_max_rows)
+    max_bytes = max(1, plan.batch_max_bytes)
     client = AsyncClient(plan.service_url)
     try:
         t = client.transaction_from_id(plan.txn_id, plan.txn_timeout_ms)
@@ -524,7 +564,25 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
         seqs: dict[str, int] = {}
         rr: dict[str, int] = {}
         counts: dict[str, int] = {}
-        futs: list[asyncio.Future[MessageId]] = []
+        open_: dict[str, _OpenBatch] = {}
+        sent_batches: list[list[asyncio.Future[MessageId]]] = []
+
+        async def send(dest: str, b: _OpenBatch) -> None:
+            p = producers[dest]
+            first = seqs.get(dest, 0)
+            seqs[dest] = first + len(b.rows)
+            if max_rows == 1:
+                r = b.rows[0]
+                sent = [await p.send_async(r.value, properties=dict(r.properties) or None, partition_key=r.key,
+                                           sequence_id=first, txn=t)]
+            else:
+                sent = await p.send_batch_async(
+                    [(r.value, dict(r.properties) if r.properties else None, r.key) for r in b.rows], first, txn=t)
+            sent_batches.append(sent)
+            if hook is not None:
+                for i, fut in zip(b.indexes, sent, strict=True):
+                    await hook(i, fut)
+
         index = 0
         async for chunk in _pull(rows, plan):
             for row in chunk:
@@ -542,31 +600,42 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
                     n = rr.get(row.topic, 0)
                     rr[row.topic] = n + 1
                     dest = dests[n % len(dests)]
-                p = producers.get(dest)
-                if p is None:
+                b = open_.get(dest)
+                if b is None:
                     if lease is None:
                         # The lease: one attempt of this task at a time produces; others wait for
-                        # the name. Taken at the first send, so an attempt that is slow upstream
+                        # the name. Taken at the first row, so an attempt that is slow upstream
                         # does not hold back a speculative copy.
                         lease = await _acquire(client, plan.lease_topic, f"{name}-lease", deadline)
-                    p = producers[dest] = await _acquire(client, dest, name, deadline, plan.txn_timeout_ms)
-                seq = seqs.get(dest, 0)
-                seqs[dest] = seq + 1
-                fut = await p.send_async(row.value, properties=dict(row.properties) or None,
-                                         partition_key=row.key, sequence_id=seq, txn=t)
-                futs.append(fut)
+                    producers[dest] = await _acquire(client, dest, name, deadline, plan.txn_timeout_ms,
+                                                     max(1000, 4 * max_rows))
+                    b = open_[dest] = _OpenBatch()
+                size = row.batch_bytes()
+                if b.rows and b.size + size > max_bytes:
+                    await send(dest, b)
+                    b = open_[dest] = _OpenBatch()
+                b.rows.append(row)
+                b.indexes.append(index)
+                b.size += size
                 counts[row.topic] = counts.get(row.topic, 0) + 1
-                if hook is not None:
-                    await hook(index, fut)
                 index += 1
+                if len(b.rows) >= max_rows:
+                    await send(dest, b)
+                    open_[dest] = _OpenBatch()
+        for dest, b in open_.items():
+            if b.rows:
+                await send(dest, b)
         await asyncio.gather(*(p.flush() for p in producers.values()))
-        results = await asyncio.gather(*futs, return_exceptions=True)
         dups = 0
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-            if r.ledger_id == _DUP_LEDGER:
-                dups += 1
+        try:
+            for sent in sent_batches:  # the futures of a batch resolve (or fail) together: check the last
+                if (await sent[-1]).ledger_id == _DUP_LEDGER:
+                    dups += len(sent)
+        except BaseException:
+            for f in (f for sent in sent_batches for f in sent):
+                if f.done() and not f.cancelled():
+                    f.exception()  # retrieved: the first failure is raised below
+            raise
         for p in producers.values():
             await p.close()
         if lease is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -265,18 +266,24 @@ def test_failing_job_leaves_nothing(spark, broker, peer, names) -> None:  # noqa
     assert [r.kind for r in recs] == ["STARTED", "ABORTED"]
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill"])
-def test_task_fails_mid_write_then_retries_exactly_once(spark, broker, peer, names, mode: str) -> None:  # noqa: ANN001
-    """Attempt 0 of partition 2 stores 41 rows and then raises (or its Python worker is
-    SIGKILLed); attempt 1 re-sends them (the broker drops the 41 duplicates) and the rest."""
+@pytest.mark.parametrize(("mode", "batch_rows", "stored"), [("raise", 16, 48), ("kill", 16, 48), ("raise", 1, 41)])
+def test_task_fails_mid_write_then_retries_exactly_once(  # noqa: ANN001
+        spark, broker, peer, names, mode: str, batch_rows: int, stored: int) -> None:
+    """Attempt 0 of partition 2 (100 rows) fails once row 40 is stored: it raises, or its Python
+    worker is SIGKILLed. Rows go out in deterministic batches of ``batch_rows``: with 16, row 40
+    is in the third batch (rows 32..47), so the attempt stored 48 rows; with 1 (a message per
+    row), 41. Attempt 1 sends the same batches with the same sequence ids: the broker drops
+    exactly those ``stored`` rows as duplicates and stores the rest."""
     n = 400
     topic = names()
-    opts = sink_options(broker, topic, names.job, fault_mode=mode, fault_partition=2, fault_after=40)
+    opts = sink_options(broker, topic, names.job, fault_mode=mode, fault_partition=2, fault_after=40,
+                        batch_max_rows=batch_rows)
     numbered_df(spark, n).write.format("pulsar-txn-faulty").mode("append").options(**opts).save()
     assert as_rows(read_topic(peer, topic)) == expected_rows(range(n))
     (rec,) = committed(ledger(broker, default_ledger_topic(topic), names.job))
     assert rec.outputs == {topic: n}
-    assert rec.config["duplicates_dropped"] == 41
+    assert rec.config["duplicates_dropped"] == stored
+    assert rec.config["task_attempts"]["2"] == 1
 
 
 def test_udf_fails_on_first_attempt_streaming_order(spark, broker, peer, names) -> None:  # noqa: ANN001
@@ -309,7 +316,8 @@ def test_concurrent_attempts_of_one_task(broker, peer, names) -> None:  # noqa: 
     """What speculation does, without Spark's scheduler: two attempts of one partition run at
     once, the second with the rows in another order. The second waits for the first's lease,
     then re-sends everything as duplicates; and when the first dies mid-write, the second
-    takes over. Exactly once after the commit."""
+    takes over. Exactly once after the commit. Batches of 32 rows: the first attempt stalls
+    (or dies) once row 99 is stored, i.e. after its fourth batch (rows 96..127)."""
     n = 300
     topic = names()
     rows = [{"value": f"v{i}".encode(), "key": None if i % 4 == 0 else f"k{i % 5}",
@@ -319,7 +327,7 @@ def test_concurrent_attempts_of_one_task(broker, peer, names) -> None:  # noqa: 
     async def scenario(kill_first: bool) -> tuple[int, int]:
         txn_id = await open_transaction(broker.service_url, 60000)
         plan0 = TaskPlan(broker.service_url, broker.admin_url, txn_id, 60000, topic, ledger_topic, 0, 0, True,
-                         True, False, True)
+                         True, False, True, batch_max_rows=32)
         stored = asyncio.Event()
 
         async def slow_hook(i: int, fut: asyncio.Future) -> None:  # type: ignore[type-arg]
@@ -346,8 +354,50 @@ def test_concurrent_attempts_of_one_task(broker, peer, names) -> None:  # noqa: 
     assert (d0, d1) == (0, n)  # the second attempt's rows were all already stored
     assert as_rows(read_topic(peer, topic)) == expected_rows(range(n))
     d0, d1 = asyncio.run(scenario(kill_first=True))
-    assert d1 == 100  # rows 0..99 stored by the first attempt before it died
+    assert d1 == 128  # rows 0..127 (4 batches of 32) stored by the first attempt before it died
     assert as_rows(read_topic(peer, topic)) == expected_rows(range(n)) + expected_rows(range(n))
+
+
+def test_batches_cut_by_size_are_the_same_in_every_attempt(broker, peer, names) -> None:  # noqa: ANN001
+    """Rows of varying size (up to ~1 KB), batches cut by ``batch_max_bytes`` (4000) before
+    ``batch_max_rows``: attempt 0 fails once row 150 is stored; attempt 1 gets the rows in another
+    order. It sorts them the same way, so it cuts the same batches: the broker drops exactly what
+    attempt 0 stored (the whole batches up to the one holding row 150, counted by the broker) and
+    stores the rest. Exactly once after the commit."""
+    n = 400
+    topic = names()
+    rows = [{"value": f"v{i}".encode() + b"x" * (i % 97 * 10), "key": None if i % 4 == 0 else f"k{i % 5}",
+             "properties": {"id": str(i)}} for i in range(n)]
+    ledger_topic = default_ledger_topic(topic)
+
+    async def scenario() -> tuple[int, int]:
+        txn_id = await open_transaction(broker.service_url, 60000)
+        plan0 = TaskPlan(broker.service_url, broker.admin_url, txn_id, 60000, topic, ledger_topic, 0, 0, True,
+                         True, False, True, batch_max_rows=1000, batch_max_bytes=4000)
+
+        async def fail_at_150(i: int, fut: asyncio.Future) -> None:  # type: ignore[type-arg]
+            if i == 150:
+                await fut
+                raise RuntimeError("attempt 0 fails")
+
+        with pytest.raises(RuntimeError, match="attempt 0 fails"):
+            await write_partition(plan0, list(rows), fail_at_150)
+        stored = msg_in_counter(broker, topic)
+        shuffled = list(rows)
+        random.Random(7).shuffle(shuffled)
+        r1 = await write_partition(replace(plan0, attempt=1), shuffled)
+        assert r1.rows == n
+        rec = LedgerRecord("COMMITTED", names.job, f"{names.job}:{txn_id}", outputs=r1.counts)
+        assert (await commit_transaction(broker.service_url, txn_id, 60000, ledger_topic, rec)).committed
+        return stored, r1.duplicates
+
+    stored, dups = asyncio.run(scenario())
+    assert 151 <= stored < n  # whole batches, up to the one holding row 150 (the 151st)
+    assert dups == stored
+    assert msg_in_counter(broker, topic) == stored + n  # attempt 1 sent all n; the broker kept n - stored
+    got = read_topic(peer, topic)
+    assert Counter((m.partition_key() or None, m.data(), m.properties()["id"]) for m in got) == Counter(
+        (r["key"], r["value"], r["properties"]["id"]) for r in rows)
 
 
 def test_dedup_off_is_refused(spark, broker, peer, plain_ns, unique_name) -> None:  # noqa: ANN001
@@ -447,7 +497,7 @@ def test_streaming_exactly_once_across_replay(spark, broker, peer, names, tmp_pa
 
 
 def test_failed_micro_batch_is_aborted(spark, broker, peer, names, tmp_path) -> None:  # noqa: ANN001
-    """A micro-batch whose only task fails on every attempt after storing 10 rows: the query
+    """A micro-batch whose only task fails on every attempt once row 10 is stored: the query
     fails, and although no task reported its transaction id, the sink aborts the batch's
     transaction at once (found from its STARTED record) instead of leaving it open until its
     timeout (which would hold back every read-committed consumer of the topic)."""
@@ -464,7 +514,9 @@ def test_failed_micro_batch_is_aborted(spark, broker, peer, names, tmp_path) -> 
     path = "/admin/v2/" + topic.replace("://", "/") + "/stats"
     stats = admin_request("GET", broker.admin_url, path)[1]
     assert stats.get("ongoingTxnCount") == 0 and stats.get("abortedTxnCount") == 1, stats
-    assert stats.get("msgInCounter") == 40  # 10 rows from each of 4 attempts (30 dropped as duplicates)
+    # The 40 rows are one batch (fewer than batch_max_rows), sent whole before the fault after row 10
+    # fires: each of the 4 attempts sends all 40, and the broker counts the 120 it drops as duplicates too.
+    assert stats.get("msgInCounter") == 160
     assert read_topic(peer, topic) == []
     recs = ledger(broker, default_ledger_topic(topic), names.job)
     assert [r.kind for r in recs] == ["ABORTED"] and not committed(recs)

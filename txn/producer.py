@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("txn.producer")
 T = pb.BaseCommand
 _NO_TXN = TxnID(-1, -1)
+
+#: One message of an explicit batch (:meth:`AsyncProducer.send_batch_async`): content, properties, partition key.
+BatchEntry = tuple[bytes, dict[str, str] | None, str | None]
 
 
 class ProducerAccessMode(IntEnum):
@@ -334,6 +337,49 @@ class _PartitionProducer:
             self._flush_batch()
         return fut
 
+    def enqueue_batch(
+        self,
+        entries: Sequence[BatchEntry],
+        first_sequence_id: int,
+        txn: TxnID,
+    ) -> list[asyncio.Future[MessageId]]:
+        """Queue ``entries`` as one batch message with sequence ids ``first_sequence_id``, ``+1``, ...
+
+        The frame carries ``sequence_id`` = the first id and ``highest_sequence_id`` = the last, so
+        broker deduplication stores or drops the batch as a whole. An open batch of single sends
+        goes out first (order). The caller checked the window. Raises on a closed producer, an
+        empty batch or an oversize one.
+        """
+        self.check_usable()
+        if not entries:
+            raise ValueError("a batch needs at least one message")
+        if first_sequence_id < 0:
+            raise ValueError(f"sequence ids are non-negative, got {first_sequence_id}")
+        parts: list[bytes] = []
+        for i, (content, properties, partition_key) in enumerate(entries):
+            smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=first_sequence_id + i,
+                                           properties=_kv(properties))
+            if partition_key is not None:
+                smm.partition_key = partition_key
+            parts.append(encode_entry(smm, content))
+        payload = b"".join(parts)
+        self.check_size(payload)
+        self._flush_batch()
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[MessageId]] = [loop.create_future() for _ in entries]
+        last = first_sequence_id + len(entries) - 1
+        self._seq = max(self._seq, last + 1)
+        self._queued += len(entries)
+        meta = pb.MessageMetadata(
+            producer_name=self.producer_name,
+            sequence_id=first_sequence_id,
+            publish_time=int(time.time() * 1000),
+            num_messages_in_batch=len(entries),
+            highest_sequence_id=last,
+        )
+        self._push(first_sequence_id, last, meta, payload, futures, True, txn)
+        return futures
+
     def _flush_batch(self) -> None:
         b = self._batch
         if self._batch_timer is not None:
@@ -601,6 +647,49 @@ class AsyncProducer:
         if callback is not None:
             fut.add_done_callback(lambda f: _run_callback(callback, f))
         return fut
+
+    async def send_batch_async(
+        self,
+        entries: Sequence[BatchEntry],
+        first_sequence_id: int,
+        txn: AsyncTransaction | None = None,
+    ) -> list[asyncio.Future[MessageId]]:
+        """Send ``entries`` — ``(content, properties, partition_key)`` each — as one batch message, as given.
+
+        Entry ``i`` gets sequence id ``first_sequence_id + i``; returns one future per entry, all
+        resolved together by the batch's receipt (or failed together), so awaiting the last one
+        is enough. Unlike the producer's own batching, whose batch
+        boundaries depend on timing, the caller decides what goes into the batch and which ids it
+        has: re-sending the same entries with the same ids (e.g. from a retried task under the
+        same producer name) builds the same batch, which broker deduplication then drops whole
+        (the broker compares the batch's first sequence id with the highest it has seen). Works
+        whatever the batching settings. On a partitioned topic the batch goes where
+        :meth:`send_async` would send the first entry (by its key). Waits for room in the pending
+        window like :meth:`send_async` (a batch may overshoot the window once).
+        """
+        if not entries:
+            raise ValueError("a batch needs at least one message")
+        data = [(self._check(c), p, k) for c, p, k in entries]
+        part = self._route(data[0][2])
+        part.check_usable()
+        tid = _NO_TXN
+        if txn is not None:
+            reg = txn._partitions.get(part.topic)  # noqa: SLF001
+            if reg is None or not reg.done() or reg.exception() is not None:
+                await txn.register_partition(part.topic)
+            txn.check_open()
+            tid = txn.id
+        if not part.has_space():
+            if not self.conf.block_if_queue_full:
+                raise ProducerQueueIsFull(
+                    f"pending window of {part._window} messages is full", topic=part.topic  # noqa: SLF001
+                )
+            await part.wait_space()
+            part.check_usable()
+        futs = part.enqueue_batch(data, first_sequence_id, tid)
+        if txn is not None:
+            txn.add_op(futs[-1])  # the batch's futures resolve (or fail) together: one op tracks it
+        return futs
 
     def send_nowait(
         self,
