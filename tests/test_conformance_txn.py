@@ -250,3 +250,32 @@ def test_transaction_adopted_by_id_in_another_client(broker, official, topic):
     finally:
         worker.close()
         owner.close()
+
+
+def test_large_transactional_ack_is_split_below_the_frame_limit(broker, official, topic):
+    """45k batch-index acks in one transaction: one ACK command would carry ~7 MB of ids and
+    bitsets, over the broker's 5 MB frame limit (it resets the connection); the consumer splits
+    them, the commit takes them all, and nothing is redelivered."""
+    n = 45_000
+    p = official.create_producer(topic, batching_enabled=True, batching_max_messages=1000,
+                                 batching_max_publish_delay_ms=50, block_if_queue_full=True)
+    for i in range(n):
+        p.send_async(b"%d" % i, None)
+    p.flush()
+
+    async def main() -> tuple[int, int]:
+        async with txn.AsyncClient(broker.service_url) as c:
+            cons = await c.subscribe(topic, "big", consumer_type=txn.ConsumerType.Shared,
+                                     initial_position=txn.InitialPosition.Earliest, receiver_queue_size=5000)
+            msgs = [await cons.receive(timeout_millis=30000) for _ in range(n)]
+            batched = sum(1 for m in msgs if m.message_id().batch_index >= 0)
+            t = await c.new_transaction(timeout_millis=120000)
+            await cons.acknowledge_many(msgs, t)
+            await t.commit()
+            await cons.close()
+            return len({m.message_id() for m in msgs}), batched
+
+    distinct, batched = asyncio.run(main())
+    assert distinct == n and batched == n
+    again = official.subscribe(topic, "big", consumer_type=pulsar.ConsumerType.Shared)
+    assert_nothing(again, wait_ms=3000)

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("txn.consumer")
 T = pb.BaseCommand
+#: Message ids per transactional ACK command (each may carry a batch-index bitset).
+TXN_ACK_CHUNK = 4096
 
 
 class ConsumerType(IntEnum):
@@ -618,7 +620,11 @@ class AsyncConsumer:
                 continue  # one transaction must never carry the same ack twice
             seen.add(mid)
             groups.setdefault(sub, []).append(mid)
-        await asyncio.gather(*(self._txn_ack(sub, mids, txn, False) for sub, mids in groups.items()))
+        # Bounded commands: one ACK carrying ~100k batch-index ids would pass the broker's 5 MB
+        # frame limit (the broker then resets the connection).
+        n = TXN_ACK_CHUNK
+        await asyncio.gather(*(self._txn_ack(sub, mids[i:i + n], txn, False)
+                               for sub, mids in groups.items() for i in range(0, len(mids), n)))
 
     def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
         """Redeliver this message after ``negative_ack_redelivery_delay_ms``."""
