@@ -134,6 +134,12 @@ transaction id on the marker topic (outside the transaction): ``abort(messages, 
 no writer state and, when every task failed, no transaction id in the messages, so it aborts the
 newest STARTED transaction of the query instead of leaving it open until its timeout (an open
 transaction holds back read-committed consumers of its topics).
+
+Test hook: ``PULSAR_TXN_FAULT=kill_before_sink_commit:<batch id>`` or
+``kill_after_sink_commit:<batch id>`` in the driver's environment SIGKILLs the driver (the
+process group of its JVM) in the stream writer's ``commit`` of that micro-batch: before its
+transaction is committed (its tasks have produced), or right after it committed, before Spark
+logs the batch as done (the restart replays it). For crash tests only (see :func:`_fault_hook`).
 """
 
 from __future__ import annotations
@@ -453,6 +459,47 @@ class PulsarTxnWriter(_WriterBase, DataSourceWriter):
         log.warning("pulsar-txn write %s: aborted %s", self.batch_key, self.txn_id)
 
 
+FAULT_ENV = "PULSAR_TXN_FAULT"
+
+
+def _fault_hook(point: str, batch_id: int) -> None:
+    """Test hook: SIGKILL the driver at ``point`` of micro-batch ``batch_id`` if ``$PULSAR_TXN_FAULT``
+    is ``<point>:<batch_id>`` (points: ``kill_before_sink_commit``, ``kill_after_sink_commit``).
+
+    The stream writer's ``commit`` runs in a Python process the driver JVM started (in the JVM's
+    process group, or in the group of PySpark's worker daemon): kill the JVM's process group
+    (the JVM and the Python driver that launched it), then this process's group, then this
+    process. Set it only for the run that should die: the restart reaches the same point again.
+    """
+    import os
+    import signal
+    from pathlib import Path
+
+    if os.environ.get(FAULT_ENV) != f"{point}:{batch_id}":
+        return
+    log.warning("%s=%s: SIGKILL of the driver", FAULT_ENV, os.environ[FAULT_ENV])
+    pid, groups = os.getpid(), []
+    for _ in range(16):  # up the parent chain to the driver JVM
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if comm == "java":
+            groups.append(int(rest[2]))  # its process group
+            break
+        pid = int(rest[1])  # parent
+        if pid <= 1:
+            break
+    groups.append(os.getpgid(0))
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
     """Streaming writer: one transaction per micro-batch (see the module docs for how)."""
 
@@ -496,9 +543,11 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
         batch_key = f"{o.job}:{self.stream_key}:{batchId}"
         rec = self._record(batch_key, messages, {"stream_key": self.stream_key, "query_id": self.stream_key,
                                                  "spark_batch_id": int(batchId)})
+        _fault_hook("kill_before_sink_commit", batchId)
         res = run(commit_transaction(o.service_url, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
                                      self.stream_key, int(batchId)))
         if res.committed:
+            _fault_hook("kill_after_sink_commit", batchId)
             log.info("pulsar-txn stream %s batch %d: committed %s: %s", self.stream_key, batchId, res.txn_id,
                      res.outputs)
         else:

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,23 +32,36 @@ def _standalone():
     return mod
 
 
-# The standalone worker occasionally exits during start-up on a loaded machine (not yet
-# diagnosed): behind --run-slow until it is.
-pytestmark = pytest.mark.slow
-
-
 @pytest.fixture(scope="module")
 def cluster(request):
+    """The cluster, started with the worker's first port already taken (by a socket held here):
+    the worker's first attempt must exit on the bind failure and the start-up retry it on fresh
+    ports, as it would when another process grabs a chosen port before Spark binds it."""
     sa = _standalone()
     d = tempfile.mkdtemp(prefix="spark-cluster-test-", dir="/tmp")
     failed_before = request.session.testsfailed
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    calls = []
+    free_port = sa._free_port
+
+    def free_port_first_worker_busy() -> int:  # calls: master rpc, master ui, worker rpc, worker ui, ...
+        calls.append(1)
+        return busy if len(calls) == 3 else free_port()
+
+    sa._free_port = free_port_first_worker_busy
     try:
         url = sa.start_cluster(d, cores=1, memory="1g", timeout=180)
     except BaseException:
         print(f"\nspark cluster did not start; logs kept in {d}")
         raise
+    finally:
+        sa._free_port = free_port
+        taken.close()
     try:
-        yield url, sa, d
+        yield url, sa, d, busy
     finally:
         sa.stop_cluster(d)
         if request.session.testsfailed == failed_before:
@@ -64,14 +78,29 @@ def official(broker):
 
 
 def test_cluster_status(cluster):
-    master_url, sa, d = cluster
+    master_url, sa, d, busy = cluster
     st = sa.cluster_status(d)
     assert st["running"] and st["master_url"] == master_url and master_url.startswith("spark://127.0.0.1:")
-    assert [(w["state"], w["cores"], w["memory"]) for w in st["workers"]] == [("ALIVE", 1, 1024)]
+    alive = [(w["state"], w["cores"], w["memory"]) for w in st["workers"] if w["state"] == "ALIVE"]
+    assert alive == [("ALIVE", 1, 1024)]
+    assert [w["port"] for w in st["workers"] if w["state"] == "ALIVE"] == [st["worker_port"]] != [busy]
+    # the first worker attempt hit the taken port and exited; the second, on fresh ports, came up
+    attempts = (Path(d) / "worker.log").read_text(errors="replace").split("=== attempt ")[1:]
+    assert [a.split()[0] for a in attempts] == ["1", "2"], attempts
+    assert f"--port {busy} " in attempts[0] and f"failed after 0 retries (starting from {busy})" in attempts[0]
+    assert f"Successfully registered with master {master_url}" in attempts[1]
+    assert (Path(d) / "master.log").read_text(errors="replace").count("=== attempt ") == 1
+    # status from another process (the CLI) agrees, and identifies the daemons by pid + start time
+    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "spark" / "standalone.py"), "status", "--dir", d],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(f"running: {master_url} "), r.stdout + r.stderr
+    for role in ("master", "worker"):
+        assert sa._alive(st["pids"][role], role, st["start_times"][role])
+        assert not sa._alive(st["pids"][role], role, st["start_times"][role] + 1)  # another process's start time
 
 
 def test_spark_submit_on_standalone_cluster(cluster, broker, official, unique_name):
-    master_url, sa, d = cluster
+    master_url, sa, d, _ = cluster
     inp, out = (f"persistent://public/default/{unique_name(x)}" for x in ("in", "out"))
     p = official.create_producer(inp, batching_enabled=False)
     for payload in (b"sku=A,qty=3", b"sku=B,qty=2", b"sku=C,qty=5"):
