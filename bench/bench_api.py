@@ -55,11 +55,13 @@ for _p in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(_p))
 
 import httpx  # noqa: E402
-from loadgen import Check, LoadResult, Req, run_load, summarize  # noqa: E402
 
 from txn.client import AsyncClient  # noqa: E402
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms  # noqa: E402
 from txn.localbroker import LocalBroker, create_namespace, free_port  # noqa: E402
+
+from loadgen import Check, LoadResult, Req, run_load, summarize  # noqa: E402
+from machine import machine_load  # noqa: E402
 
 T0 = time.monotonic()
 JOB_NAMES = ("orders", "payments", "clicks")
@@ -495,23 +497,6 @@ def machine_busy() -> tuple[float, float]:
     idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
     return sum(parts) - idle, sum(parts)
 
-
-def machine_load(own_broker_pid: int | None) -> str:
-    """CPU count, load average, and other Pulsar brokers running (they skew the numbers)."""
-    parts = [f"{os.cpu_count()} CPUs", "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())]
-    brokers = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == own_broker_pid:
-            continue
-        try:
-            if b"PulsarStandaloneStarter" in (d / "cmdline").read_bytes():
-                brokers += 1
-        except OSError:
-            continue
-    others = brokers if own_broker_pid else max(brokers - 1, 0)
-    if others:
-        parts.append(f"{others} other Pulsar broker JVM(s) running")
-    return "; ".join(parts)
 
 
 @contextlib.contextmanager

@@ -55,6 +55,8 @@ import pulsar  # noqa: E402  (official client)
 import txn  # noqa: E402
 from txn.localbroker import LocalBroker, ensure_distribution, free_port  # noqa: E402
 
+from machine import machine_load  # noqa: E402
+
 T0 = time.monotonic()
 NS = "persistent://public/default"
 
@@ -133,32 +135,6 @@ class CallbackCounter:
                 if self.first_error is None:
                     self.first_error = res
 
-
-def machine_load(own_broker_pid: int | None) -> str:
-    """CPU count, load average and other Pulsar JVMs running (they skew the numbers)."""
-    parts = [f"{os.cpu_count()} CPUs"]
-    try:
-        parts.append("load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3]))
-    except OSError:
-        pass
-    brokers = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == own_broker_pid:
-            continue
-        try:
-            if b"PulsarStandaloneStarter" in (d / "cmdline").read_bytes():
-                brokers += 1
-        except OSError:
-            continue
-    # With --service-url the broker under test may be one of them.
-    others = brokers if own_broker_pid else max(brokers - 1, 0)
-    if others:
-        parts.append(f"WARNING: {others} other Pulsar broker JVM(s) running on this machine; "
-                     "throughput figures will be noisy")
-    return "; ".join(parts)
-
-
-# --------------------------------------------------------------------------- producer
 
 
 def _produce_sync(client, label: str, n: int, payload: bytes) -> tuple[float, float]:  # noqa: ANN001

@@ -71,6 +71,8 @@ import txn  # noqa: E402
 from txn.delivery import AsyncProcessor, ProcessorConfig  # noqa: E402
 from txn.localbroker import LocalBroker, admin_request, free_port  # noqa: E402
 
+from machine import machine_load  # noqa: E402
+
 T0 = time.monotonic()
 NS = "persistent://public/default"
 
@@ -82,24 +84,6 @@ def progress(msg: str) -> None:
 def uniq(prefix: str) -> str:
     return f"{NS}/pipe-{prefix}-{uuid.uuid4().hex[:10]}"
 
-
-def machine_load(own_broker_pid: int | None) -> str:
-    """CPU count, load average and other Pulsar JVMs running (they skew the numbers)."""
-    parts = [f"{os.cpu_count()} CPUs", "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())]
-    brokers = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == own_broker_pid:
-            continue
-        try:
-            if b"PulsarStandaloneStarter" in (d / "cmdline").read_bytes():
-                brokers += 1
-        except OSError:
-            continue
-    others = brokers if own_broker_pid else max(brokers - 1, 0)  # with --service-url ours is one of them
-    if others:
-        parts.append(f"WARNING: {others} other Pulsar broker JVM(s) running on this machine; "
-                     "throughput figures will be noisy")
-    return "; ".join(parts)
 
 
 def official_client(url: str) -> pulsar.Client:

@@ -88,6 +88,8 @@ from txn.localbroker import (  # noqa: E402
     free_port,
 )
 
+from machine import machine_load  # noqa: E402
+
 T0 = time.monotonic()
 JOB = "bench-spark"
 
@@ -113,24 +115,6 @@ def pct(xs: Iterable[float], p: float) -> float:
 def fmt(v: float, digits: int = 0) -> str:
     return "n/a" if v != v else f"{v:,.{digits}f}"
 
-
-def machine_load(own_broker_pid: int | None) -> str:
-    """CPU count, load average, and other Pulsar brokers running (they skew the numbers)."""
-    parts = [f"{os.cpu_count()} CPUs", "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())]
-    brokers = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == own_broker_pid:
-            continue
-        try:
-            if b"PulsarStandaloneStarter" in (d / "cmdline").read_bytes():
-                brokers += 1
-        except OSError:
-            continue
-    others = brokers if own_broker_pid else max(brokers - 1, 0)
-    if others:
-        parts.append(f"WARNING: {others} other Pulsar broker JVM(s) running on this machine; "
-                     "throughput figures will be noisy")
-    return "; ".join(parts)
 
 
 def official_client(url: str) -> pulsar.Client:

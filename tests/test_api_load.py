@@ -27,6 +27,7 @@ from api_server import ApiServer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from bench_api import API_WEIGHTS, RESOLVE_AFTER_MS, api_mix, write_ledger  # noqa: E402
+
 from loadgen import Req, load  # noqa: E402
 
 RATE, SECONDS = 200, 5
