@@ -17,16 +17,17 @@ N = 3000
 
 
 @pytest.fixture
-def dedup_topic(broker):
+def dedup_topic(restartable_broker):
+    broker = restartable_broker
     ns = f"public/dedup-{uuid.uuid4().hex[:8]}"
     create_namespace(broker.admin_url, ns)
     enable_namespace_dedup(broker.admin_url, ns)
     return f"persistent://{ns}/restart-{uuid.uuid4().hex[:8]}"
 
 
-def test_broker_restart_mid_stream(broker, dedup_topic):
-    if broker.local is None:
-        pytest.skip("restarting the broker needs the broker this suite started (PULSAR_SERVICE_URL is set)")
+def test_broker_restart_mid_stream(restartable_broker, dedup_topic):
+    # A broker of its own: the session broker is never restarted (see conftest.restartable_broker).
+    broker = restartable_broker
     client = txn.Client(broker.service_url, operation_timeout_seconds=60)
     consumer = client.subscribe(dedup_topic, "during", initial_position=txn.InitialPosition.Earliest)
     producer = client.create_producer(dedup_topic, block_if_queue_full=True, send_timeout_millis=180_000,

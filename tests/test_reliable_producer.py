@@ -270,9 +270,14 @@ def test_outbox_survives_kill_9(broker, dedup_ns, tmp_path):
 # --------------------------------------------------------- 4. broker restart
 
 
-def test_broker_restart_mid_stream_exactly_once(client, broker, dedup_ns):
-    if broker.local is None:
-        pytest.skip("restarting the broker needs the broker this suite started (PULSAR_SERVICE_URL is set)")
+def test_broker_restart_mid_stream_exactly_once(restartable_broker, request):
+    # A broker of its own: the session broker is never restarted (see conftest.restartable_broker).
+    broker = restartable_broker
+    dedup_ns = f"public/rp-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, dedup_ns)
+    enable_namespace_dedup(broker.admin_url, dedup_ns)
+    client = txn.Client(broker.service_url, operation_timeout_seconds=60)
+    request.addfinalizer(client.close)
     n, window = 3000, 300
     topic = f"persistent://{dedup_ns}/restart"
     rp = ReliableProducer(client, topic, window=window, producer_name="restart-writer",
