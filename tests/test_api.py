@@ -89,10 +89,12 @@ def env(request: pytest.FixtureRequest, broker: Any, tmp_path_factory: pytest.Te
         url = request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1)
     server = ApiServer(broker, url, d / "api.log", ledger_topics=[data.ledger],
                        extra_env={POISON_FLAG_ENV: str(data.flag)}).start()
-    want = len(data.records)
-    server.wait_for(lambda: sum(p["records"] for p in server.get("/health")["projection"]) == want, timeout=90)
-    yield Env(data, server)
-    server.stop()
+    try:  # stop the server even when the set-up fails
+        want = len(data.records)
+        server.wait_for(lambda: sum(p["records"] for p in server.get("/health")["projection"]) == want, timeout=90)
+        yield Env(data, server)
+    finally:
+        server.stop()
 
 
 @pytest.fixture
