@@ -627,6 +627,16 @@ class AsyncProducer:
         data = self._check(content)
         part = self._route(partition_key)
         part.check_usable()
+        tid = await self._admit(part, txn)
+        fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid)
+        if txn is not None:
+            txn.add_op(fut)
+        if callback is not None:
+            fut.add_done_callback(lambda f: _run_callback(callback, f))
+        return fut
+
+    async def _admit(self, part: _PartitionProducer, txn: AsyncTransaction | None) -> TxnID:
+        """Register ``part`` in ``txn`` (once) and wait for room in its pending window; the txn id to send."""
         tid = _NO_TXN
         if txn is not None:
             reg = txn._partitions.get(part.topic)  # noqa: SLF001
@@ -641,12 +651,7 @@ class AsyncProducer:
                 )
             await part.wait_space()
             part.check_usable()
-        fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid)
-        if txn is not None:
-            txn.add_op(fut)
-        if callback is not None:
-            fut.add_done_callback(lambda f: _run_callback(callback, f))
-        return fut
+        return tid
 
     async def send_batch_async(
         self,
@@ -672,20 +677,7 @@ class AsyncProducer:
         data = [(self._check(c), p, k) for c, p, k in entries]
         part = self._route(data[0][2])
         part.check_usable()
-        tid = _NO_TXN
-        if txn is not None:
-            reg = txn._partitions.get(part.topic)  # noqa: SLF001
-            if reg is None or not reg.done() or reg.exception() is not None:
-                await txn.register_partition(part.topic)
-            txn.check_open()
-            tid = txn.id
-        if not part.has_space():
-            if not self.conf.block_if_queue_full:
-                raise ProducerQueueIsFull(
-                    f"pending window of {part._window} messages is full", topic=part.topic  # noqa: SLF001
-                )
-            await part.wait_space()
-            part.check_usable()
+        tid = await self._admit(part, txn)
         futs = part.enqueue_batch(data, first_sequence_id, tid)
         if txn is not None:
             txn.add_op(futs[-1])  # the batch's futures resolve (or fail) together: one op tracks it

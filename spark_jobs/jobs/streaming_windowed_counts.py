@@ -34,25 +34,9 @@ WATERMARK = "10 seconds"
 
 def windowed_counts(df: Any, window: str = WINDOW, watermark: str = WATERMARK) -> Any:
     """Source rows -> ``key``, ``value`` (JSON) per closed (window, key)."""
-    from pyspark.sql import functions as F
+    from .windowed_counts import counts_per_window
 
-    parts = F.split(F.col("value").cast("string"), ",")
-    events = df.select(
-        F.coalesce(F.col("event_time"), F.col("publish_time")).alias("ts"),
-        parts.getItem(0).alias("key"),
-        parts.getItem(1).cast("long").alias("amount"),
-    ).withWatermark("ts", watermark)
-    agg = events.groupBy(F.window("ts", window), F.col("key")).agg(
-        F.count("*").alias("count"), F.sum("amount").alias("sum")
-    )
-    return agg.select(
-        F.col("key"),
-        F.to_json(F.struct(
-            F.date_format(F.col("window.start"), "yyyy-MM-dd'T'HH:mm:ss").alias("window_start"),
-            F.date_format(F.col("window.end"), "yyyy-MM-dd'T'HH:mm:ss").alias("window_end"),
-            F.col("key"), F.col("count"), F.col("sum"),
-        )).alias("value"),
-    )
+    return counts_per_window(df, window, watermark)
 
 
 def build_query(

@@ -17,6 +17,12 @@ WINDOW = "10 seconds"
 
 def transform(df: Any) -> Any:
     """Messages -> one row per (window, key) with count and sum."""
+    return counts_per_window(df)
+
+
+def counts_per_window(df: Any, window: str = WINDOW, watermark: str | None = None) -> Any:
+    """Source rows (value ``<key>,<amount>``) -> ``key``, ``value`` (JSON count and sum) per
+    (window, key) of event time; with ``watermark``, for a streaming query in append mode."""
     from pyspark.sql import functions as F
 
     parts = F.split(F.col("value").cast("string"), ",")
@@ -25,7 +31,9 @@ def transform(df: Any) -> Any:
         parts.getItem(0).alias("key"),
         parts.getItem(1).cast("long").alias("amount"),
     )
-    agg = events.groupBy(F.window("ts", WINDOW), F.col("key")).agg(
+    if watermark is not None:
+        events = events.withWatermark("ts", watermark)
+    agg = events.groupBy(F.window("ts", window), F.col("key")).agg(
         F.count("*").alias("count"), F.sum("amount").alias("sum")
     )
     return agg.select(
