@@ -26,6 +26,7 @@ from txn.protocol import (
     FrameDecoder,
     compress,
     decode_batch,
+    split_batch,
     decode_frame,
     decompress,
     encode_command,
@@ -391,6 +392,97 @@ def test_decode_batch_mutated(batch: tuple[bytes, list[bytes]], pos: int, bit: i
     except ProtocolError:
         return
     assert len(out) == count
+
+
+def _as_items(out: list[tuple[pb.SingleMessageMetadata, bytes]]) -> list[tuple]:
+    """decode_batch's result in split_batch's form."""
+    return [
+        (
+            payload,
+            smm.sequence_id if smm.HasField("sequence_id") else None,
+            smm.event_time,
+            smm.partition_key if smm.HasField("partition_key") else None,
+            [(kv.key, kv.value) for kv in smm.properties] or None,
+            smm.compacted_out,
+        )
+        for smm, payload in out
+    ]
+
+
+def _same_as_decode_batch(data: bytes, count: int) -> None:
+    """split_batch (fast path) must accept, reject and read exactly what decode_batch does."""
+    try:
+        want = _as_items(decode_batch(data, count))
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            split_batch(data, count)
+        return
+    assert split_batch(data, count) == want
+
+
+_varint_fields = st.sampled_from([0x18, 0x20, 0x28, 0x40, 0x12, 0x30, 0x0A, 0x3A, 0x48, 0x50, 0x98])
+
+
+@st.composite
+def smm_like(draw: st.DrawFn) -> bytes:
+    """Metadata that stresses the fast path: any field order, repeats, long or odd varints."""
+    out = bytearray()
+    for _ in range(draw(st.integers(0, 6))):
+        tag = draw(_varint_fields)
+        out.append(tag)
+        if tag == 0x98:
+            out.append(0x01)  # a two-byte tag (field 19): unknown, kept by protobuf
+        if tag in (0x12, 0x0A, 0x3A):
+            body = draw(st.binary(max_size=8))
+            out.append(len(body))
+            out += body
+            continue
+        value = draw(st.integers(0, 2**70))
+        while True:
+            b, value = value & 0x7F, value >> 7
+            out.append(b | (0x80 if value else 0))
+            if not value:
+                break
+        if draw(st.booleans()) and out:
+            out[-1] |= 0x80  # unterminated / over-long varint
+            out += draw(st.binary(max_size=3))
+    return bytes(out)
+
+
+@FUZZ
+@given(data=st.binary(max_size=512), count=st.integers(-2, 16))
+def test_split_batch_matches_decode_batch_on_arbitrary_bytes(data: bytes, count: int) -> None:
+    _same_as_decode_batch(data, count)
+
+
+@FUZZ
+@given(metas=st.lists(smm_like(), min_size=1, max_size=5), payload=st.binary(max_size=40), extra=st.integers(-1, 1))
+def test_split_batch_matches_decode_batch_on_odd_metadata(metas: list[bytes], payload: bytes, extra: int) -> None:
+    data = b"".join(struct.pack(">I", len(m)) + m + payload for m in metas)
+    _same_as_decode_batch(data, len(metas) + extra)
+
+
+@FUZZ
+@given(batch=batches(), pos=st.integers(0, 2**31), bit=st.integers(0, 7))
+def test_split_batch_matches_decode_batch_on_mutated_batches(batch: tuple[bytes, list[bytes]], pos: int,
+                                                              bit: int) -> None:
+    data, payloads = batch
+    _same_as_decode_batch(data, len(payloads))
+    mutated = bytearray(data)
+    mutated[pos % len(mutated)] ^= 1 << bit
+    _same_as_decode_batch(bytes(mutated), len(payloads))
+
+
+def test_split_batch_reads_every_field() -> None:
+    smm = pb.SingleMessageMetadata(payload_size=3, sequence_id=2**40, event_time=7, partition_key="k\u00e9",
+                                   compacted_out=True)
+    smm.properties.add(key="a", value="b")
+    plain = pb.SingleMessageMetadata(payload_size=2, sequence_id=300)
+    data = encode_entry(smm, b"abc") + encode_entry(plain, b"xy")
+    assert split_batch(data, 2) == [
+        (b"abc", 2**40, 7, "k\u00e9", [("a", "b")], True),
+        (b"xy", 300, 0, None, None, False),
+    ]
 
 
 # ---------------------------------------------------------------- (d) codecs

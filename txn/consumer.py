@@ -21,8 +21,8 @@ from .errors import (
     PulsarError,
     from_server_error,
 )
-from .message import Message, MessageId
-from .protocol import Frame, decode_batch, decompress, pb
+from .message import Message, MessageId, ReceivedMessage
+from .protocol import Frame, decompress, pb, split_batch
 from .receive_queue import ReceiveQueue
 
 if TYPE_CHECKING:
@@ -111,8 +111,9 @@ class _TopicConsumer:
         self._closed = False
         self._epoch = 0
         self._reconnect_task: asyncio.Task[None] | None = None
-        self._ack_inbox: deque[tuple[MessageId, bool]] = deque()
-        self._batch_unacked: dict[tuple[int, int, int], set[int]] = {}
+        self._ack_inbox: deque[tuple[Message | MessageId, bool]] = deque()
+        # (ledger, entry, partition, batch size) -> batch indexes not yet acknowledged
+        self._batch_unacked: dict[tuple[int, int, int, int], set[int]] = {}
         self._nacks: dict[MessageId, float] = {}
         self.end_of_topic = False
         self.active = True
@@ -248,50 +249,41 @@ class _TopicConsumer:
             self.parent._queue.put_many(msgs)  # noqa: SLF001
 
     def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,
-               n: int) -> list[Message]:
+               n: int) -> list[ReceivedMessage]:
         mid = cmd.message_id
-        ledger, entry = mid.ledgerId, mid.entryId
         topic = self.topic
-        part = self.partition
         redeliveries = cmd.redelivery_count
         publish_time = meta.publish_time
         event_time = meta.event_time
         producer = meta.producer_name
-        props = {kv.key: kv.value for kv in meta.properties} if len(meta.properties) else {}
+        props = {kv.key: kv.value for kv in meta.properties} if len(meta.properties) else None
         if not batched:
             key = meta.partition_key if meta.HasField("partition_key") else None
+            entry = (mid.ledgerId, mid.entryId, self.partition, 0)
             return [
-                Message(payload, props, MessageId(ledger, entry, part, -1, 0, topic), topic, key,
-                        publish_time, event_time, redeliveries, producer, meta.sequence_id, self)
+                ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
+                                producer, meta.sequence_id, self)
             ]
-        out: list[Message] = []
+        entry = (mid.ledgerId, mid.entryId, self.partition, n)
+        out: list[ReceivedMessage] = []
+        append = out.append
         ack_set = cmd.ack_set
         base_seq = meta.sequence_id
-        for i, (smm, data) in enumerate(decode_batch(payload, n)):
-            if ack_set and _is_acked(ack_set, i):
+        i = -1
+        for data, seq, ev, key, own_props, compacted in split_batch(payload, n):
+            i += 1
+            if compacted or (ack_set and _is_acked(ack_set, i)):
                 continue
-            if smm.compacted_out:
-                continue
-            if len(smm.properties):
-                p = dict(props)
-                for kv in smm.properties:
-                    p[kv.key] = kv.value
-            else:
+            if own_props is None:
                 p = dict(props) if props else {}
-            out.append(
-                Message(
-                    data,
-                    p,
-                    MessageId(ledger, entry, part, i, n, topic),
-                    topic,
-                    smm.partition_key if smm.HasField("partition_key") else None,
-                    publish_time,
-                    smm.event_time or event_time,
-                    redeliveries,
-                    producer,
-                    smm.sequence_id if smm.HasField("sequence_id") else base_seq + i,
-                    self,
-                )
+            elif props:
+                p = dict(props)
+                p.update(own_props)
+            else:
+                p = dict(own_props)
+            append(
+                ReceivedMessage(data, p, entry, i, topic, key, publish_time, ev or event_time, redeliveries, producer,
+                                base_seq + i if seq is None else seq, self)
             )
         return out
 
@@ -310,34 +302,45 @@ class _TopicConsumer:
 
     # --------------------------------------------------------------------- acks
 
-    def ack_local(self, mid: MessageId, cumulative: bool) -> None:
+    def ack_local(self, item: Message | MessageId, cumulative: bool) -> None:
         """Queue a non-transactional ack (thread-safe); sent within ``ack_grouping_time_ms``."""
         if self._closed:
             raise AlreadyClosed("consumer is closed", topic=self.topic)
-        self._ack_inbox.append((mid, cumulative))
+        self._ack_inbox.append((item, cumulative))
 
     def flush_acks(self) -> None:
         """Send queued acks now (event-loop thread)."""
-        if not self._ack_inbox:
+        inbox = self._ack_inbox
+        if not inbox:
             return
         individual: list[pb.MessageIdData] = []
         cumulative: MessageId | None = None
-        while self._ack_inbox:
-            mid, cum = self._ack_inbox.popleft()
-            self._nacks.pop(mid, None)
+        pending = self._batch_unacked
+        nacks = self._nacks
+        while inbox:
+            item, cum = inbox.popleft()
+            if type(item) is ReceivedMessage:  # the common case: no MessageId is built
+                key = item._entry  # noqa: SLF001
+                index = item._index  # noqa: SLF001
+                mid = item.message_id() if nacks or cum else None
+            else:
+                mid = item.message_id() if isinstance(item, Message) else item
+                key = (mid.ledger_id, mid.entry_id, mid.partition, mid.batch_size)
+                index = mid.batch_index
+            if nacks:
+                nacks.pop(mid, None)
             if cum:
                 cumulative = mid if cumulative is None or mid > cumulative else cumulative
                 continue
-            if mid.batch_index >= 0 and mid.batch_size > 1:
-                key = mid.entry_key
-                rest = self._batch_unacked.get(key)
+            if index >= 0 and key[3] > 1:
+                rest = pending.get(key)
                 if rest is None:
-                    rest = self._batch_unacked[key] = set(range(mid.batch_size))
-                rest.discard(mid.batch_index)
+                    rest = pending[key] = set(range(key[3]))
+                rest.discard(index)
                 if rest:
                     continue
-                del self._batch_unacked[key]
-            individual.append(pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id))
+                del pending[key]
+            individual.append(pb.MessageIdData(ledgerId=key[0], entryId=key[1]))
         conn = self._conn
         if conn is None or conn.closed:
             return  # unacked messages are redelivered after the resubscribe
@@ -571,9 +574,14 @@ class AsyncConsumer:
     def acknowledge_nowait(self, message_or_id: Message | MessageId, cumulative: bool = False) -> None:
         """Non-transactional ack, queued and grouped; thread-safe."""
         self._check()
-        sub, mid = self._sub_for(message_or_id)
         if cumulative and self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
+        if type(message_or_id) is ReceivedMessage:
+            sub = message_or_id._consumer  # noqa: SLF001
+            if sub is not None and sub.parent is self:
+                sub.ack_local(message_or_id, cumulative)
+                return
+        sub, mid = self._sub_for(message_or_id)
         sub.ack_local(mid, cumulative)
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None) -> Awaitable[None]:
@@ -582,10 +590,10 @@ class AsyncConsumer:
         Without a transaction the ack is queued and grouped, and the returned awaitable is
         already complete.
         """
-        self._check()
         if txn is None:
             self.acknowledge_nowait(message_or_id)
             return self._done
+        self._check()
         sub, mid = self._sub_for(message_or_id)
         return self._txn_ack(sub, [mid], txn, False)
 

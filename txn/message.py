@@ -228,4 +228,51 @@ class Message:
         return self._sequence_id
 
     def __repr__(self) -> str:
-        return f"Message(topic={self._topic!r}, id={self._id}, {len(self._data)} bytes)"
+        return f"Message(topic={self._topic!r}, id={self.message_id()}, {len(self._data)} bytes)"
+
+
+class ReceivedMessage(Message):
+    """A message built by a consumer: its :class:`MessageId` is made on first use.
+
+    ``_entry`` is ``(ledger, entry, partition, batch_size)``, shared by every message of
+    one stored entry; it is also the key the consumer tracks batch acks under.
+    """
+
+    __slots__ = ("_entry", "_index")
+
+    def __init__(
+        self,
+        data: bytes,
+        properties: dict[str, str],
+        entry: tuple[int, int, int, int],
+        index: int,
+        topic: str,
+        partition_key: str | None,
+        publish_timestamp: int,
+        event_timestamp: int,
+        redelivery_count: int,
+        producer_name: str,
+        sequence_id: int,
+        consumer: _TopicConsumer | None,
+    ) -> None:
+        self._data = data
+        self._properties = properties
+        self._id = None
+        self._entry = entry
+        self._index = index
+        self._topic = topic
+        self._key = partition_key
+        self._publish_ts = publish_timestamp
+        self._event_ts = event_timestamp
+        self._redelivery = redelivery_count
+        self._producer = producer_name
+        self._sequence_id = sequence_id
+        self._consumer = consumer
+
+    def message_id(self) -> MessageId:
+        """Where the message is stored."""
+        mid = self._id
+        if mid is None:
+            ledger, entry, partition, size = self._entry
+            mid = self._id = MessageId(ledger, entry, partition, self._index, size, self._topic)
+        return mid

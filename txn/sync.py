@@ -257,7 +257,7 @@ class Consumer:
         if txn is None:
             sub = getattr(message_or_id, "_consumer", None)
             if sub is not None and sub.parent is self._inner and not self._inner._closed:  # noqa: SLF001
-                sub._ack_inbox.append((message_or_id._id, False))  # noqa: SLF001 - fast path
+                sub._ack_inbox.append((message_or_id, False))  # noqa: SLF001 - fast path
                 return
             self._inner.acknowledge_nowait(message_or_id)
             return

@@ -1,7 +1,7 @@
 """Pure protocol layer: frames, commands, checksums, batches and codecs (no I/O)."""
 
 from . import pulsar_wire_pb2 as pb
-from .batch import decode_batch, encode_entry
+from .batch import decode_batch, encode_entry, split_batch
 from .checksum import crc32c
 from .compression import CompressionType, compress, decompress
 from .frames import (
@@ -25,4 +25,5 @@ __all__ = [
     "encode_entry",
     "encode_payload_frame",
     "pb",
+    "split_batch",
 ]

@@ -51,3 +51,116 @@ def decode_batch(data: bytes, count: int) -> list[tuple[pb.SingleMessageMetadata
         out.append((smm, data[pos : pos + psize]))
         pos += psize
     return out
+
+
+#: One message of a batch as the consumer needs it:
+#: ``(payload, sequence_id or None, event_time, partition_key or None, properties or None, compacted_out)``.
+BatchItem = tuple[bytes, "int | None", int, "str | None", "list[tuple[str, str]] | None", bool]
+
+_INT32_SIGN = 1 << 31
+_U32_WRAP = 1 << 32
+_U64_MASK = (1 << 64) - 1
+_U32_MASK = (1 << 32) - 1
+
+
+def split_batch(data: bytes, count: int) -> list[BatchItem]:
+    """Like :func:`decode_batch`, but returns plain tuples and costs about half as much.
+
+    Metadata holding only the common fields (payload size, sequence id, event time,
+    compacted flag, partition key) is read by the varint decoder below; anything else
+    (properties, ordering keys, unknown fields, odd encodings) falls back to protobuf for
+    that message, so both functions accept and reject exactly the same bytes.
+    """
+    if count < 0:
+        raise ProtocolError(f"negative batch size {count}")
+    out: list[BatchItem] = []
+    append = out.append
+    n = len(data)
+    pos = 0
+    for i in range(count):
+        if n - pos < 4:
+            raise ProtocolError(f"batch truncated at message {i} of {count}")
+        end = pos + 4 + _U32.unpack_from(data, pos)[0]
+        if end > n:
+            raise ProtocolError(f"batch message {i} metadata overruns the payload")
+        # ---- fast path: fields 3, 8, 5, 4 (varints) and 2 (string) with one-byte tags
+        p = pos + 4
+        psize = -1
+        seq = None
+        event_time = 0
+        key = None
+        compacted = False
+        while p < end:
+            tag = data[p]
+            b = data[p + 1] if p + 1 < end else 0x80
+            p += 2
+            if b < 0x80:
+                v = b
+            else:
+                v = b & 0x7F
+                shift = 7
+                while p < end and shift < 64:
+                    b = data[p]
+                    p += 1
+                    v |= (b & 0x7F) << shift
+                    if b < 0x80:
+                        break
+                    shift += 7
+                if b >= 0x80:
+                    p = -1  # truncated or over-long varint: protobuf decides
+                    break
+                v &= _U64_MASK
+            if tag == 0x18:  # payload_size (int32)
+                if v >= _INT32_SIGN:
+                    v &= _U32_MASK
+                    psize = v - _U32_WRAP if v >= _INT32_SIGN else v
+                else:
+                    psize = v
+            elif tag == 0x40:  # sequence_id
+                seq = v
+            elif tag == 0x28:  # event_time
+                event_time = v
+            elif tag == 0x12:  # partition_key: v is its length
+                if v > end - p:
+                    p = -1
+                    break
+                try:
+                    key = data[p : p + v].decode()
+                except UnicodeDecodeError:
+                    p = -1
+                    break
+                p += v
+            elif tag == 0x20:  # compacted_out
+                compacted = v != 0
+            else:  # any other field or wire type
+                p = -1
+                break
+        if p != end or psize == -1:
+            psize, seq, event_time, key, props, compacted = _slow_smm(data, pos + 4, end, i)
+        else:
+            props = None
+        if psize < 0 or psize > n - end:
+            raise ProtocolError(f"batch message {i} payload overruns the batch")
+        pos = end + psize
+        append((data[end:pos], seq, event_time, key, props, compacted))
+    return out
+
+
+def _slow_smm(data: bytes, pos: int, end: int, i: int) -> tuple[int, int | None, int, str | None,
+                                                                 list[tuple[str, str]] | None, bool]:
+    smm = pb.SingleMessageMetadata()
+    try:
+        smm.ParseFromString(data[pos:end])
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ProtocolError(f"undecodable batch message {i}: {exc}") from exc
+    if not smm.HasField("payload_size"):
+        raise ProtocolError(f"batch message {i} metadata is missing required fields")
+    props = [(kv.key, kv.value) for kv in smm.properties] if len(smm.properties) else None
+    return (
+        smm.payload_size,
+        smm.sequence_id if smm.HasField("sequence_id") else None,
+        smm.event_time,
+        smm.partition_key if smm.HasField("partition_key") else None,
+        props,
+        smm.compacted_out,
+    )
