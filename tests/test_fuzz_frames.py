@@ -26,13 +26,13 @@ from txn.protocol import (
     FrameDecoder,
     compress,
     decode_batch,
-    split_batch,
     decode_frame,
     decompress,
     encode_command,
     encode_entry,
     encode_payload_frame,
     pb,
+    split_batch,
 )
 from txn.protocol.frames import FRAME_HEADROOM
 
