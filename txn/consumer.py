@@ -317,6 +317,8 @@ class _TopicConsumer:
         cumulative: MessageId | None = None
         pending = self._batch_unacked
         nacks = self._nacks
+        last_key: tuple[int, int, int, int] | None = None
+        rest: set[int] = set()
         while inbox:
             item, cum = inbox.popleft()
             if type(item) is ReceivedMessage:  # the common case: no MessageId is built
@@ -333,13 +335,16 @@ class _TopicConsumer:
                 cumulative = mid if cumulative is None or mid > cumulative else cumulative
                 continue
             if index >= 0 and key[3] > 1:
-                rest = pending.get(key)
-                if rest is None:
-                    rest = pending[key] = set(range(key[3]))
+                if key is not last_key:  # consecutive acks usually share an entry
+                    last_key = key
+                    rest = pending.get(key)
+                    if rest is None:
+                        rest = pending[key] = set(range(key[3]))
                 rest.discard(index)
                 if rest:
                     continue
                 del pending[key]
+                last_key = None
             individual.append(pb.MessageIdData(ledgerId=key[0], entryId=key[1]))
         conn = self._conn
         if conn is None or conn.closed:
