@@ -56,6 +56,7 @@ import txn  # noqa: E402
 from txn.localbroker import LocalBroker, ensure_distribution, free_port  # noqa: E402
 
 from machine import machine_load  # noqa: E402
+from official import official_client  # noqa: E402
 
 T0 = time.monotonic()
 NS = "persistent://public/default"
@@ -67,10 +68,6 @@ def progress(msg: str) -> None:
 
 def uniq(prefix: str) -> str:
     return f"{NS}/bench-{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def official_client(url: str) -> pulsar.Client:
-    return pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
 
 
 def median(xs: list[float]) -> float:

@@ -72,6 +72,7 @@ from txn.delivery import AsyncProcessor, ProcessorConfig  # noqa: E402
 from txn.localbroker import LocalBroker, admin_request, free_port  # noqa: E402
 
 from machine import machine_load  # noqa: E402
+from official import count_topic, official_client  # noqa: E402
 
 T0 = time.monotonic()
 NS = "persistent://public/default"
@@ -84,10 +85,6 @@ def progress(msg: str) -> None:
 def uniq(prefix: str) -> str:
     return f"{NS}/pipe-{prefix}-{uuid.uuid4().hex[:10]}"
 
-
-
-def official_client(url: str) -> pulsar.Client:
-    return pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
 
 
 def cpu_seconds() -> float:
@@ -162,24 +159,6 @@ def prefill(url: str, admin: str, topic: str, n: int, size: int) -> float:
     if got != n:
         raise RuntimeError(f"prefill: the broker counts {got} messages on {topic}, expected {n} ({status})")
     return dt
-
-
-def count_topic(url: str, topic: str, expect: int, idle_ms: int = 1500) -> int:
-    """Read ``topic`` from the start with the official client; count messages until idle."""
-    client = official_client(url)
-    try:
-        r = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=5000)
-        n = 0
-        while True:
-            try:
-                r.read_next(timeout_millis=idle_ms if n >= expect else 30_000)
-            except Exception:  # noqa: BLE001 - pulsar.Timeout
-                break
-            n += 1
-        r.close()
-        return n
-    finally:
-        client.close()
 
 
 # --------------------------------------------------------------------------- pipelines

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import shutil
 import statistics
@@ -70,7 +69,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import pulsar  # noqa: E402  (official client)
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage  # noqa: E402
 
 from spark_jobs.runtime import SparkProcessor  # noqa: E402
@@ -89,6 +87,7 @@ from txn.localbroker import (  # noqa: E402
 )
 
 from machine import machine_load  # noqa: E402
+from official import count_topic, official_client  # noqa: E402
 
 T0 = time.monotonic()
 JOB = "bench-spark"
@@ -117,11 +116,6 @@ def fmt(v: float, digits: int = 0) -> str:
 
 
 
-def official_client(url: str) -> pulsar.Client:
-    # A Python logger: its warnings go to stderr, while the client's console logger would write to stdout.
-    return pulsar.Client(url, logger=logging.getLogger("bench.pulsar-client"))
-
-
 def msg_in_counter(admin: str, topic: str, partitions: int = 0) -> int:
     """The broker's count of messages received on ``topic`` (summed over its partitions)."""
     if partitions:
@@ -130,29 +124,11 @@ def msg_in_counter(admin: str, topic: str, partitions: int = 0) -> int:
     return int(body.get("msgInCounter", -1)) if status == 200 and isinstance(body, dict) else -1
 
 
-def count_topic(url: str, topic: str, expect: int, idle_ms: int = 1500) -> int:
-    """Read ``topic`` from the start with the official client (read-committed); count until idle."""
-    client = official_client(url)
-    try:
-        r = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=5000)
-        n = 0
-        while True:
-            try:
-                r.read_next(timeout_millis=idle_ms if n >= expect else 30_000)
-            except Exception:  # noqa: BLE001 - pulsar.Timeout
-                break
-            n += 1
-        r.close()
-        return n
-    finally:
-        client.close()
-
-
 def prefill(url: str, admin: str, topic: str, n: int, size: int, partitions: int = 0) -> float:
     """``n`` distinct messages of ``size`` bytes with the official client (batched); returns seconds."""
     if partitions:
         create_partitioned_topic(admin, topic, partitions)
-    client = official_client(url)
+    client = official_client(url, python_logger=True)
     try:
         prod = client.create_producer(topic, block_if_queue_full=True, batching_enabled=True,
                                       max_pending_messages=10000)
@@ -318,7 +294,7 @@ def sink_throughput(args: argparse.Namespace, spark: Any, url: str, admin: str, 
                 raise RuntimeError(f"{w.key}: the broker counts {stored} messages on {topic}, expected {n}")
             extra = ""
             if w.verified == "-":
-                got = count_topic(url, topic, n)
+                got = count_topic(url, topic, n, python_logger=True)
                 w.verified = f"{got:,} of {n:,}"
                 extra = f"; read back {got:,}"
                 if got != n:
