@@ -279,3 +279,41 @@ def test_large_transactional_ack_is_split_below_the_frame_limit(broker, official
     assert distinct == n and batched == n
     again = official.subscribe(topic, "big", consumer_type=pulsar.ConsumerType.Shared)
     assert_nothing(again, wait_ms=3000)
+
+
+def test_partial_batch_acks_commit_and_abort_per_index(client, official, topic):
+    """Acks of several messages of one batch entry travel as one id with a combined ack set;
+    the broker must still commit, abort and conflict per batch index."""
+    p = official.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                 batching_max_publish_delay_ms=1000, block_if_queue_full=True)
+    for i in range(40):
+        p.send_async(b"%d" % i, None)
+    p.flush()
+    cons = client.subscribe(topic, "partial", consumer_type=txn.ConsumerType.Shared,
+                            initial_position=txn.InitialPosition.Earliest)
+    msgs = [cons.receive(timeout_millis=10000) for _ in range(40)]
+    ids = [m.message_id() for m in msgs]
+    assert {i.batch_size for i in ids} == {10} and len({(i.ledger_id, i.entry_id) for i in ids}) == 4
+    by_value = {int(m.data()): m for m in msgs}
+    odd = [by_value[i] for i in range(1, 40, 2)]
+    even = [by_value[i] for i in range(0, 40, 2)]
+
+    committed = client.new_transaction()
+    cons.acknowledge_many(odd, committed)
+    # Another transaction acking an index the first one holds: a conflict, whole request refused.
+    rival = client.new_transaction()
+    with pytest.raises(txn.TransactionConflict):
+        cons.acknowledge_many([by_value[1], by_value[2]], rival)
+    rival.abort()
+    committed.commit()
+
+    aborted = client.new_transaction()
+    cons.acknowledge_many(even[:10], aborted)
+    aborted.abort()
+    cons.close()
+
+    # The odd ones are gone for good; every even one (the aborted acks included) comes back.
+    again = official.subscribe(topic, "partial", consumer_type=pulsar.ConsumerType.Shared)
+    got = sorted(int(m.data()) for m in read_n(again, 20))
+    assert got == list(range(0, 40, 2))
+    assert_nothing(again, 2000)

@@ -85,6 +85,40 @@ def _ack_set_words(n: int, acked: list[int], acked_upto: int | None = None) -> l
     return words
 
 
+def _txn_ack_ids(mids: list[MessageId], cumulative: bool) -> list[pb.MessageIdData]:
+    """Wire ids for a transactional ACK.
+
+    Individual acks of several messages of one batch entry become one id whose ack set
+    clears all of them (the broker reads it as those batch indexes), so a batch of inputs
+    costs the broker one position per entry rather than one per message.
+    """
+    ids: list[pb.MessageIdData] = []
+    if cumulative:
+        for mid in mids:
+            d = pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id)
+            if mid.batch_index >= 0 and mid.batch_size > 0:
+                d.ack_set.extend(_ack_set_words(mid.batch_size, [], acked_upto=mid.batch_index))
+                d.batch_size = mid.batch_size
+            ids.append(d)
+        return ids
+    entries: dict[tuple[int, int], tuple[int, list[int]]] = {}
+    for mid in mids:
+        if mid.batch_index >= 0 and mid.batch_size > 0:
+            key = (mid.ledger_id, mid.entry_id)
+            e = entries.get(key)
+            if e is None:
+                entries[key] = (mid.batch_size, [mid.batch_index])
+            else:
+                e[1].append(mid.batch_index)
+        else:
+            ids.append(pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id))
+    for (ledger, entry), (size, indexes) in entries.items():
+        d = pb.MessageIdData(ledgerId=ledger, entryId=entry, batch_size=size)
+        d.ack_set.extend(_ack_set_words(size, indexes))
+        ids.append(d)
+    return ids
+
+
 def _is_acked(ack_set: Any, i: int) -> bool:
     """In a broker-sent ack set, a cleared bit means that batch index is already acked."""
     w = i // 64
@@ -382,16 +416,7 @@ class _TopicConsumer:
         conn = self._conn
         if conn is None:
             raise ConnectError("consumer is not connected", topic=self.topic, txn_id=txn.id)
-        ids = []
-        for mid in mids:
-            d = pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id)
-            if mid.batch_index >= 0 and mid.batch_size > 0:
-                if cumulative:
-                    d.ack_set.extend(_ack_set_words(mid.batch_size, [], acked_upto=mid.batch_index))
-                else:
-                    d.ack_set.extend(_ack_set_words(mid.batch_size, [mid.batch_index]))
-                d.batch_size = mid.batch_size
-            ids.append(d)
+        ids = _txn_ack_ids(mids, cumulative)
         rid = next_request_id()
         resp = await conn.request(
             command(

@@ -274,6 +274,10 @@ class Consumer:
             return
         self._lt.run(self._inner.acknowledge_cumulative(message_or_id, txn._inner))  # noqa: SLF001
 
+    def acknowledge_many(self, messages: list[Message], txn: Transaction) -> None:
+        """Acknowledge ``messages`` inside ``txn``; blocks until the broker took every ack."""
+        self._lt.run(self._inner.acknowledge_many(messages, txn._inner))  # noqa: SLF001
+
     def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
         """Redeliver after the negative-ack delay."""
         self._inner._check()  # noqa: SLF001
