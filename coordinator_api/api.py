@@ -1,4 +1,22 @@
-"""REST routes: health, transactions, coordinators, jobs, batches, replays, metrics."""
+"""REST routes: health, transactions, coordinators, jobs, batches, replays, metrics.
+
+Batch ids, job names and replay ids are free-form and may contain '/': the server decodes
+``%2F`` before routing, so these parameters use Starlette's ``path`` converter and take the rest
+of the path. Only one route has a sub-route under such a parameter, ``POST /batches/{id}/replay``,
+and it differs by method from ``GET /batches/{id}``: a GET takes the whole rest of the path as
+the id (so ``GET /batches/a/replay`` is batch ``a/replay``), a POST takes everything before the
+final ``/replay`` (so ``POST /batches/a/replay/replay`` replays batch ``a/replay``).
+
+- Starlette prefers a route matching path and method over one matching the path only, so which
+  handler runs does not depend on registration order. A 405 for another method does (its
+  ``Allow`` comes from the first route whose path matches), so ``writes`` is registered before
+  ``reads`` (see app.py): the more specific route first.
+- Decoding loses the difference between ``%2F`` and ``/``, so the replay route also checks the
+  path as sent: its ``/replay`` must be literal. A POST to a batch itself
+  (``POST /batches/a%2Freplay``) is a 405, not a replay of batch ``a``.
+- Never add a GET (or other same-method) sub-route under a ``:path`` parameter: ids ending in
+  its suffix would become ambiguous.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +70,10 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=10_000_000, description="items to skip")]
 TxnIdPath = Annotated[str, Path(description="transaction id in the client's string form '(most,least)'",
                                 pattern=r"^(\([0-9]{1,18},[0-9]{1,18}\)|[0-9]{1,18}:[0-9]{1,18})$", examples=["(0,5)"])]
-BatchIdPath = Annotated[str, Path(description="batch id", max_length=512)]
+BatchIdPath = Annotated[str, Path(description="batch id (may contain '/'; percent-encode it or not)",
+                                  min_length=1, max_length=512)]
+JobPath = Annotated[str, Path(description="job name (may contain '/')", min_length=1, max_length=256)]
+ReplayIdPath = Annotated[str, Path(description="replay id", min_length=1, max_length=64)]
 NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
 
 
@@ -70,6 +91,12 @@ def parse_txn_id(txn_id: str) -> str:
     if t.most >= 2**63 or t.least >= 2**63:
         raise HTTPException(400, f"transaction id {txn_id!r} is out of range")
     return str(t)
+
+
+def sent_with_suffix(request: Request, suffix: bytes) -> bool:
+    """Whether the path, as the client sent it (before percent-decoding), ends in ``suffix``."""
+    raw = request.scope.get("raw_path")
+    return raw is None or raw.split(b"?", 1)[0].endswith(suffix)
 
 
 async def _live(c: Core, fn: Any, *args: Any) -> Any:
@@ -205,8 +232,8 @@ async def jobs(c: Core = Depends(core)) -> list[dict[str, Any]]:
     return await asyncio.to_thread(run)
 
 
-@reads.get("/jobs/{job}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
-async def job(job: Annotated[str, Path(max_length=256)], c: Core = Depends(core),
+@reads.get("/jobs/{job:path}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
+async def job(job: JobPath, c: Core = Depends(core),
               recent: Annotated[int, Query(ge=0, le=1000, description="latest batches to include")] = 20,
               ) -> dict[str, Any]:
     """One job's stats and its latest batches."""
@@ -228,7 +255,7 @@ async def list_batches(
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
-@reads.get("/batches/{batch_id}", response_model=BatchDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
+@reads.get("/batches/{batch_id:path}", response_model=BatchDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
 async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
     """A batch, its ledger records and its replay."""
     row = await asyncio.to_thread(queries.get_batch, c.engine, batch_id)
@@ -238,10 +265,14 @@ async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str,
     return row
 
 
-@writes.post("/batches/{batch_id}/replay", status_code=202, response_model=Replay,
+@writes.post("/batches/{batch_id:path}/replay", status_code=202, response_model=Replay,
              responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": Error}})
-async def replay_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
+async def replay_batch(batch_id: BatchIdPath, request: Request, c: Core = Depends(core)) -> dict[str, Any]:
     """Replay a parked batch exactly once (202 with the replay; a repeated POST returns the same one)."""
+    if not sent_with_suffix(request, b"/replay"):
+        raise HTTPException(405, "POST /batches/{id} is not an operation (a '/replay' at its end was percent-encoded, "
+                                 "so it belongs to the id); to replay a batch, POST /batches/{id}/replay",
+                            headers={"Allow": "GET"})
     row = await asyncio.to_thread(queries.get_batch, c.engine, batch_id)
     if row is None:
         raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
@@ -254,8 +285,8 @@ async def replay_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[s
     return rep
 
 
-@reads.get("/replays/{replay_id}", response_model=Replay, responses={**AUTH_ERRORS, **NOT_FOUND})
-async def get_replay(replay_id: Annotated[str, Path(max_length=64)], c: Core = Depends(core)) -> dict[str, Any]:
+@reads.get("/replays/{replay_id:path}", response_model=Replay, responses={**AUTH_ERRORS, **NOT_FOUND})
+async def get_replay(replay_id: ReplayIdPath, c: Core = Depends(core)) -> dict[str, Any]:
     """A replay's status."""
     rep = await asyncio.to_thread(c.replays.get, replay_id)
     if rep is None:

@@ -3,21 +3,43 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import BaseRoute
 
 from .api import reads, router, writes
+from .auth import bearer, require_read
 from .core import Core
 from .settings import Settings, get_settings
 
 STATIC = Path(__file__).resolve().parent / "static"
 log = logging.getLogger("coordinator_api")
+
+
+def secure_reads(schema: dict[str, Any], routes: Sequence[BaseRoute]) -> None:
+    """Declare the bearer token on the operations of ``routes`` guarded by ``require_read``.
+
+    Mutations declare it themselves (their ``HTTPBearer`` dependency); reads check the header
+    only when ``read_requires_token`` is set, so the spec says so only then (see ``create_app``).
+    Idempotent: it only sets entries."""
+    name = bearer.scheme_name
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes.setdefault(name, bearer.model.model_dump(by_alias=True, exclude_none=True))
+    for route in routes:
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        if not any(d.dependency is require_read for d in route.dependencies):
+            continue
+        for method in route.methods:
+            schema["paths"][route.path_format][method.lower()]["security"] = [{name: []}]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -53,8 +75,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
 
     app.include_router(router)
-    app.include_router(reads)
+    # Mutations first: ``POST /batches/{id:path}/replay`` must precede ``GET /batches/{id:path}``,
+    # which also matches its paths, so that a 405 for e.g. OPTIONS on a replay path says ``Allow: POST``.
     app.include_router(writes)
+    app.include_router(reads)
+
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """The spec; reads declare the bearer token exactly when the server requires it for them."""
+        schema = plain_openapi()  # FastAPI's, cached in app.openapi_schema
+        core = getattr(app.state, "core", None)
+        if (core.settings if core is not None else settings or get_settings()).read_requires_token:
+            secure_reads(schema, reads.routes)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/", include_in_schema=False)
     async def dashboard() -> FileResponse:

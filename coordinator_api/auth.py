@@ -30,6 +30,8 @@ def require_write(request: Request, creds: HTTPAuthorizationCredentials | None =
 async def require_read(request: Request) -> None:
     """Dependency of read endpoints: a valid bearer token if the server requires it for reads.
 
-    (The header is read directly, so the OpenAPI spec shows reads as open, the default.)"""
+    (The header is read directly rather than through a security dependency, so the setting can
+    change at start-up; the OpenAPI spec declares the bearer token on reads exactly when it is set,
+    see ``app.secure_reads``.)"""
     if request.app.state.core.settings.read_requires_token:
         _check(request, await bearer(request))

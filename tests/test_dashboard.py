@@ -8,6 +8,11 @@ refuse a replay without a token / with a wrong token / of an aborted batch with 
 and, once the bug is "fixed" (the flag file removed) and the right token entered, replay the
 parked batch to ``succeeded`` and show it REPLAYED. The replayed output must be in the output
 topic exactly once.
+
+A second test opens a real transaction (producing one message in it), lets the page list it as
+slow and open, and aborts it with the Abort button: refused without a token (401) and with a
+wrong one (403, the transaction stays open), then aborted with the right token; the API reports
+it ABORTED and an official reader never sees its message.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 import txn
-from txn.delivery.ledger import default_ledger_topic
+from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
 from txn.examples.handlers import POISON_FLAG_ENV
 from txn.localbroker import create_namespace
 
@@ -296,3 +301,142 @@ def check_page(page: Page, api: ApiServer, x: Expected) -> None:
 
 def parked_path(batch_id: str) -> str:
     return quote(batch_id, safe="")
+
+
+def read_all(client: pulsar.Client, topic: str) -> list[bytes]:
+    """Every message an official Reader delivers from ``topic``, up to a sentinel written now.
+
+    A read-committed Reader cannot pass an open transaction's messages, so this also waits for
+    every transaction on the topic to end."""
+    tag = uuid.uuid4().hex
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"sentinel", properties={"sentinel": tag})
+    producer.close()
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    out: list[bytes] = []
+    try:
+        while True:
+            m = reader.read_next(timeout_millis=60_000)
+            if m.properties().get("sentinel") == tag:
+                return out
+            out.append(m.data())
+    finally:
+        reader.close()
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_aborts_an_open_transaction(broker: Any, tmp_path: Path) -> None:
+    ns = f"public/dash-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    topic = f"persistent://{ns}/live"
+    ledger = default_ledger_topic(f"persistent://{ns}/out")
+    official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    ours = txn.Client(broker.service_url)
+    api: ApiServer | None = None
+    try:
+        t = ours.new_transaction(timeout_millis=600_000)
+        ours.create_producer(topic).send(b"never visible", txn=t)
+        tid = str(t.id)
+        # Its STARTED record, as the processor writes one, so the ledger (and the open table) show it.
+        rec = LedgerRecord("STARTED", "dash/abort", "dash/abort:x:1", tid, 1, {}, started_at_ms=now_ms())
+        ours.create_producer(ledger).send(rec.to_json(), partition_key=rec.batch_id)
+        api = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                        extra_env={"PULSAR_TXN_RESOLVE_AFTER_MS": "1000"}).start(timeout=120)
+        path = f"/transactions/{quote(tid, safe='')}"
+        before = wait_until("the transaction is projected", lambda: api.request("GET", path)[1]
+                            if api.request("GET", "/transactions?state=OPEN")[1]["total"] == 1 else None)
+        assert (before["state"], before["ledger"]["state"], before["live"]["status"]) == ("OPEN", "OPEN", "OPEN")
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                console: list[tuple[str, str]] = []
+                page.on("console", lambda m: console.append((m.type, m.text)) if m.type == "error" else None)
+                page.on("pageerror", lambda e: console.append(("pageerror", str(e))))
+                abort_on_page(page, api, tid, path, console)
+            finally:
+                browser.close()
+        # The aborted message never shows to an official Reader (which would wait at an open transaction).
+        assert read_all(official, topic) == []
+    finally:
+        if api is not None:
+            api.stop()
+        ours.close()
+        official.close()
+
+
+def abort_on_page(page: Page, api: ApiServer, tid: str, path: str, console: list[tuple[str, str]]) -> None:
+    dialogs: list[str] = []
+
+    def answer(accept: bool) -> None:
+        def handle(dialog: Any) -> None:
+            dialogs.append(dialog.message)
+            if accept:
+                dialog.accept()
+            else:
+                dialog.dismiss()
+        page.once("dialog", handle)
+
+    page.goto(f"{api.url}/?slow_after_ms=1000")
+    expect(page.locator("#health")).to_have_attribute("data-status", "ok", timeout=WAIT_MS)
+    slow_row = page.locator(f'#slow-table tr[data-key="{tid}"]')
+    open_row = page.locator(f'#open-table tr[data-key="{tid}"]')
+    expect(slow_row).to_have_count(1, timeout=WAIT_MS)
+    expect(open_row).to_have_count(1, timeout=WAIT_MS)
+    expect(open_row.locator("[data-testid=abort-button]")).to_have_text("Abort")
+    button = slow_row.locator("[data-testid=abort-button]")
+    expect(button).to_have_text("Abort")
+    message = page.locator("#txn-message")
+
+    # Dismissing the confirmation sends nothing.
+    answer(False)
+    button.click()
+    wait_until("the confirmation was asked", lambda: dialogs)
+    assert tid in dialogs[0] and "cannot be undone" in dialogs[0], dialogs
+    expect(message).to_be_hidden()
+
+    # No token: 401; a wrong token: 403. The transaction stays open either way.
+    answer(True)
+    button.click()
+    expect(message).to_have_attribute("data-status", "401", timeout=WAIT_MS)
+    expect(message).to_have_attribute("data-kind", "error")
+    expect(message).to_contain_text("HTTP 401")
+    page.fill("#token-input", "not-the-token")
+    page.click("#token-save")
+    expect(page.locator("#token-state")).to_have_attribute("data-set", "yes")
+    answer(True)
+    button.click()
+    expect(message).to_have_attribute("data-status", "403", timeout=WAIT_MS)
+    expect(message).to_contain_text("invalid API token")
+    expect(slow_row.locator("[data-testid=abort-error]")).to_have_text("HTTP 403: the API token was refused")
+    still = api.get(path)
+    assert (still["state"], still["live"]["status"]) == ("OPEN", "OPEN"), still
+    assert len(dialogs) == 3
+
+    # The right token aborts it; the tables refresh without it.
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    answer(True)
+    button.click()
+    expect(message).to_have_attribute("data-status", "200", timeout=WAIT_MS)
+    expect(message).to_have_attribute("data-kind", "success")
+    expect(message).to_contain_text(f"Transaction {tid} is ABORTED")
+    expect(slow_row).to_have_count(0, timeout=WAIT_MS)
+    done = wait_until("the API shows the transaction ABORTED", lambda: (r := api.get(path))["state"] == "ABORTED" and r)
+    assert (done["ledger"]["state"], done["live"]) == ("ABORTED", None), done
+    assert "no longer knows" in done["ledger"]["error"]
+    expect(open_row).to_have_count(0, timeout=WAIT_MS)
+    expect(page.locator("#open-table tbody tr.empty")).to_have_text("no open transactions")
+
+    # Once it has ended, another abort is refused (409), and says so.
+    answer(True)
+    page.evaluate("id => window.pulsarTxnDashboard.abort(id)", tid)
+    expect(message).to_have_attribute("data-status", "409", timeout=WAIT_MS)
+    expect(message).to_contain_text("the transaction has already ended")
+    assert len(dialogs) == 5
+
+    # The only console errors are the browser's notes on the three refused requests.
+    refused = [re.search(r"status of (\d+)", text) for _, text in console]
+    assert [m.group(1) if m else text for m, (_, text) in zip(refused, console, strict=True)] == \
+        ["401", "403", "409"], console

@@ -100,7 +100,8 @@ def _detail(raw: bytes, reason: Any) -> str:
 
 
 def _seg(value: str) -> str:
-    """One URL path segment (ids contain ':', '(' and ',')."""
+    """One URL path segment: ids contain ':', '(' and ',', and batch ids and job names may contain
+    '/', which is encoded too (the server takes such ids to the end of the path, see coordinator_api.api)."""
     return urllib.parse.quote(value, safe="")
 
 

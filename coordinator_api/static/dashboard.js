@@ -13,8 +13,9 @@
   const LIST_LIMIT = 50;
 
   const params = new URLSearchParams(window.location.search);
-  const cache = { problems: [], problemsTotal: 0, batches: [], batchesTotal: 0 };
+  const cache = { problems: [], problemsTotal: 0, batches: [], batchesTotal: 0, slow: [], open: [], openTotal: 0 };
   const replays = new Map(); // batch id -> {replayId, status, trail, message, error}
+  const aborts = new Map(); // transaction id -> {pending, error}: aborts requested from this page
   const signatures = new Map(); // table id -> signature of what it shows
   let refreshing = false;
   let again = false;
@@ -183,6 +184,31 @@
     return out;
   }
 
+  // The Abort button of a live transaction, and the outcome of an abort asked for from this page.
+  function abortCell(txnId, abortable) {
+    const cell = el("td", { class: "abort-cell", "data-testid": "abort" });
+    const local = aborts.get(txnId);
+    if (txnId && abortable) {
+      const pending = Boolean(local && local.pending);
+      cell.append(el("button", {
+        type: "button", class: "danger", "data-testid": "abort-button", "data-txn-id": txnId, disabled: pending,
+      }, pending ? "Aborting…" : "Abort"));
+    }
+    if (local && local.error) {
+      cell.append(el("div", { class: "small error-text", "data-testid": "abort-error" }, local.error));
+    }
+    return cell;
+  }
+
+  function abortSignature(items) {
+    const out = {};
+    for (const t of items) {
+      const a = aborts.get(t.txn_id);
+      if (a) out[t.txn_id] = [a.pending, a.error];
+    }
+    return out;
+  }
+
   function errorCell(text) {
     if (!text) return el("td", {}, "–");
     return el("td", { class: "error-cell", title: text }, text);
@@ -328,19 +354,39 @@
     }
   }
 
-  async function loadCoordinators() {
-    const slowAfter = params.get("slow_after_ms");
-    const c = await api(`/coordinators${q({ slow_after_ms: slowAfter })}`);
-    $("slow-threshold").textContent = `older than ${duration(c.slow_after_ms)}`;
+  function renderSlow() {
     const now = Date.now();
-    fillTable("slow-table", c.slow_transactions, (t) => el("tr", { "data-key": t.txn_id || "", "data-testid": "slow-row" },
+    fillTable("slow-table", cache.slow, (t) => el("tr", { "data-key": t.txn_id || "", "data-testid": "slow-row" },
       el("td", {}, mono(t.txn_id || "?")),
       el("td", {}, t.status ? pill(t.status, `txn-${t.status}`, "status") : "–"),
       el("td", {}, stamp(t.opened_at_ms)),
       el("td", { class: "num" }, duration(t.opened_at_ms ? now - t.opened_at_ms : t.age_ms)),
       el("td", { class: "num", title: t.produced_partitions.join("\n") }, num(t.produced_partitions.length)),
-      el("td", { class: "num", title: t.acked_subscriptions.join("\n") }, num(t.acked_subscriptions.length))),
-    "no slow transactions", Math.floor(now / 1000));
+      el("td", { class: "num", title: t.acked_subscriptions.join("\n") }, num(t.acked_subscriptions.length)),
+      abortCell(t.txn_id, !t.status || t.status === "OPEN")),
+    "no slow transactions", [Math.floor(now / 1000), abortSignature(cache.slow)]);
+  }
+
+  function renderOpen() {
+    const now = Date.now();
+    fillTable("open-table", cache.open, (t) => el("tr", { "data-key": t.txn_id, "data-testid": "open-row" },
+      el("td", {}, mono(t.txn_id)),
+      el("td", {}, t.job),
+      el("td", {}, mono(t.batch_id)),
+      el("td", { class: "num" }, num(t.attempt)),
+      el("td", {}, stamp(t.started_at_ms)),
+      el("td", { class: "num" }, duration(now - t.started_at_ms)),
+      abortCell(t.txn_id, true)),
+    "no open transactions", [Math.floor(now / 1000), abortSignature(cache.open)]);
+    $("open-total").textContent = `${num(cache.openTotal)} open`;
+  }
+
+  async function loadCoordinators() {
+    const slowAfter = params.get("slow_after_ms");
+    const c = await api(`/coordinators${q({ slow_after_ms: slowAfter })}`);
+    $("slow-threshold").textContent = `older than ${duration(c.slow_after_ms)}`;
+    cache.slow = c.slow_transactions;
+    renderSlow();
     fillTable("coordinators-table", c.coordinators, (k) => el("tr", {
       "data-key": String(k.coordinator_id), "data-testid": "coordinator-row" },
     el("td", { class: "num" }, k.coordinator_id),
@@ -352,16 +398,9 @@
 
   async function loadOpen() {
     const page = await api(`/transactions${q({ state: "OPEN", limit: LIST_LIMIT })}`);
-    const now = Date.now();
-    fillTable("open-table", page.items, (t) => el("tr", { "data-key": t.txn_id, "data-testid": "open-row" },
-      el("td", {}, mono(t.txn_id)),
-      el("td", {}, t.job),
-      el("td", {}, mono(t.batch_id)),
-      el("td", { class: "num" }, num(t.attempt)),
-      el("td", {}, stamp(t.started_at_ms)),
-      el("td", { class: "num" }, duration(now - t.started_at_ms))),
-    "no open transactions", Math.floor(now / 1000));
-    $("open-total").textContent = `${num(page.total)} open`;
+    cache.open = page.items;
+    cache.openTotal = page.total;
+    renderOpen();
   }
 
   function jobBatches(batches) {
@@ -451,8 +490,8 @@
 
   // ------------------------------------------------------------------- replay
 
-  function showMessage(kind, text) {
-    const box = $("replay-message");
+  function showMessage(kind, text, id = "replay-message") {
+    const box = $(id);
     box.className = `banner ${kind}`;
     box.dataset.kind = kind;
     box.textContent = text;
@@ -532,6 +571,50 @@
     refresh();
   }
 
+  // -------------------------------------------------------------------- abort
+
+  const ABORT_REFUSALS = {
+    401: "no API token was sent: enter it above",
+    403: "the API token was refused",
+    404: "the transaction is not known to its coordinator nor in the ledger",
+    409: "the transaction has already ended",
+  };
+
+  function showTxnMessage(kind, text, status) {
+    showMessage(kind, text, "txn-message");
+    $("txn-message").dataset.status = status === null ? "" : String(status);
+  }
+
+  function rerenderTxns() {
+    renderSlow();
+    renderOpen();
+  }
+
+  // Abort a live transaction after a confirmation; the outcome shows above the tables.
+  async function abortTxn(txnId) {
+    const question = `Abort transaction ${txnId}?\n\nThe messages it produced are discarded and its ` +
+      "acknowledgements undone. This cannot be undone.";
+    if (!window.confirm(question)) return;
+    aborts.set(txnId, { pending: true, error: null });
+    showTxnMessage("info", `Aborting transaction ${txnId}…`, null);
+    rerenderTxns();
+    try {
+      const res = await api(`/transactions/${encodeURIComponent(txnId)}/abort`, { method: "POST" });
+      aborts.delete(txnId);
+      showTxnMessage("success", `Transaction ${res.txn_id} is ${res.state}: the messages it produced are ` +
+        "discarded and its acknowledgements undone.", 200);
+    } catch (err) {
+      const status = err instanceof HttpError ? err.status : 0;
+      const why = ABORT_REFUSALS[status] || "the request failed";
+      const code = status ? `HTTP ${status}` : "no answer";
+      aborts.set(txnId, { pending: false, error: `${code}: ${why}` });
+      showTxnMessage("error", `Abort of transaction ${txnId} refused: ${code} – ${why}. ` +
+        `${err instanceof HttpError ? err.detail : String(err)}`, status);
+    }
+    rerenderTxns();
+    refresh();
+  }
+
   // -------------------------------------------------------------------- token
 
   function showTokenState() {
@@ -562,6 +645,12 @@
         }
       });
     }
+    for (const id of ["slow-table", "open-table"]) {
+      $(id).addEventListener("click", (ev) => {
+        const button = ev.target.closest("button[data-txn-id]");
+        if (button && !button.disabled) abortTxn(button.dataset.txnId);
+      });
+    }
     for (const id of ["chart-window", "batch-job", "batch-status"]) {
       $(id).addEventListener("change", () => {
         signatures.clear();
@@ -577,6 +666,6 @@
     refresh();
   }
 
-  window.pulsarTxnDashboard = { refresh, replay };
+  window.pulsarTxnDashboard = { refresh, replay, abort: abortTxn };
   document.addEventListener("DOMContentLoaded", setup);
 })();
