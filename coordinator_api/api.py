@@ -77,8 +77,8 @@ ReplayIdPath = Annotated[str, Path(description="replay id", min_length=1, max_le
 NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
 
 
-def core(request: Request) -> Core:
-    """The app's shared state."""
+async def core(request: Request) -> Core:
+    """The app's shared state (a coroutine: FastAPI would run a plain function in a worker thread)."""
     return request.app.state.core
 
 
@@ -165,8 +165,7 @@ async def transactions_timeseries(
 async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> dict[str, Any]:
     """A transaction: its ledger record(s) and, while it is live, the coordinator's metadata."""
     tid = parse_txn_id(txn_id)
-    row = await asyncio.to_thread(queries.get_transaction, c.engine, tid)
-    recs = await asyncio.to_thread(queries.records, c.engine, txn_id=tid)
+    row, recs = await asyncio.to_thread(queries.transaction_detail, c.engine, tid)
     live = None
     if row is None or row["state"] == "OPEN":
         meta = await _live(c, c.live.txn_metadata, tid)
@@ -227,9 +226,7 @@ async def coordinators(
 @reads.get("/jobs", response_model=list[Job], responses=AUTH_ERRORS)
 async def jobs(c: Core = Depends(core)) -> list[dict[str, Any]]:
     """Every job: batches by status, committed volumes, throughput, last commit."""
-    def run() -> list[dict[str, Any]]:
-        return [s for j in queries.job_names(c.engine) if (s := queries.job_stats(c.engine, j)) is not None]
-    return await asyncio.to_thread(run)
+    return await asyncio.to_thread(queries.all_job_stats, c.engine)
 
 
 @reads.get("/jobs/{job:path}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
@@ -237,11 +234,10 @@ async def job(job: JobPath, c: Core = Depends(core),
               recent: Annotated[int, Query(ge=0, le=1000, description="latest batches to include")] = 20,
               ) -> dict[str, Any]:
     """One job's stats and its latest batches."""
-    stats = await asyncio.to_thread(queries.job_stats, c.engine, job)
-    if stats is None:
+    detail = await asyncio.to_thread(queries.job_detail, c.engine, job, recent)
+    if detail is None:
         raise HTTPException(404, f"no batches of job {job!r} in the ledger")
-    items, _ = await asyncio.to_thread(queries.list_batches, c.engine, job, None, max(recent, 1), 0)
-    return {**stats, "recent_batches": items[:recent]}
+    return detail
 
 
 @reads.get("/batches", response_model=Page[Batch], responses=AUTH_ERRORS)
@@ -258,10 +254,9 @@ async def list_batches(
 @reads.get("/batches/{batch_id:path}", response_model=BatchDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
 async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
     """A batch, its ledger records and its replay."""
-    row = await asyncio.to_thread(queries.get_batch, c.engine, batch_id)
+    row = await asyncio.to_thread(queries.batch_detail, c.engine, batch_id)
     if row is None:
         raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
-    row["records"] = await asyncio.to_thread(queries.records, c.engine, batch_id=batch_id)
     return row
 
 

@@ -24,9 +24,12 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    inspect,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.schema import CreateIndex
 
 metadata = MetaData()
 
@@ -70,7 +73,14 @@ batches = Table(
     Column("parked_topic", String(512)),
     Column("updated_at_ms", BigInteger, nullable=False),
 )
-Index("ix_batches_job_status", batches.c.job, batches.c.status)
+# A job's batches by status and its committed volumes, from the index alone (it replaces the
+# former ``ix_batches_job_status (job, status)``, which databases made before keep).
+Index("ix_batches_job_status_totals", batches.c.job, batches.c.status, batches.c.started_at_ms,
+      batches.c.ended_at_ms, batches.c.inputs, batches.c.outputs)
+# Pages are ordered by (started_at_ms, batch_id) descending: these serve a job's or a status's
+# page without a sort (and the metrics' count by status from the index alone).
+Index("ix_batches_job_started", batches.c.job, batches.c.started_at_ms, batches.c.batch_id)
+Index("ix_batches_status_started", batches.c.status, batches.c.started_at_ms, batches.c.batch_id)
 
 transactions = Table(
     "transactions", metadata,
@@ -87,6 +97,13 @@ transactions = Table(
 )
 Index("ix_txns_state", transactions.c.state)
 Index("ix_txns_started", transactions.c.started_at_ms)
+# Pages filtered by job and/or state, newest first; a job's latest commit latencies (covering);
+# the time series (by end time, and open ones by start time) and the latency histogram (covering).
+Index("ix_txns_job_state_started", transactions.c.job, transactions.c.state, transactions.c.started_at_ms,
+      transactions.c.txn_id, transactions.c.duration_ms)
+Index("ix_txns_job_started", transactions.c.job, transactions.c.started_at_ms, transactions.c.txn_id)
+Index("ix_txns_state_started", transactions.c.state, transactions.c.started_at_ms, transactions.c.txn_id)
+Index("ix_txns_state_ended", transactions.c.state, transactions.c.ended_at_ms, transactions.c.duration_ms)
 
 #: Transactions the ledger shows open but the coordinator no longer knows (timed out, or the
 #: owner died): the reconciler's verdict, which a later COMMITTED record overrides.
@@ -126,7 +143,10 @@ replays = Table(
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout."""
+    """An engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout.
+
+    Indexes are also created on tables that already exist (``CREATE INDEX IF NOT EXISTS``), so a
+    database made by an older version gets the indexes added since."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -139,7 +159,24 @@ def make_engine(url: str) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
     metadata.create_all(engine)
+    create_indexes(engine)
     return engine
+
+
+def create_indexes(engine: Engine) -> None:
+    """Create every index of the schema that is missing, each in its own transaction.
+
+    ``create_all`` skips the indexes of tables that exist already. Another process creating the
+    same index at the same moment can make one statement fail even with ``IF NOT EXISTS``
+    (PostgreSQL): that is not an error once the index exists."""
+    for table in metadata.sorted_tables:
+        for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
+            try:
+                with engine.begin() as conn:
+                    conn.execute(CreateIndex(index, if_not_exists=True))
+            except DBAPIError:
+                if index.name not in {ix["name"] for ix in inspect(engine).get_indexes(table.name)}:
+                    raise
 
 
 def _dml(dialect: str) -> Any:

@@ -11,9 +11,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from . import db, queries
+from . import queries
 
-#: Commit-latency histogram bounds in seconds.
+#: Commit-latency histogram bounds in seconds (ascending).
 LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 TXN_STATES = ("OPEN", "COMMITTED", "ABORTED")
 BATCH_STATUSES = ("STARTED", "COMMITTED", "ABORTED", "PARKED", "REPLAYED")
@@ -28,23 +28,23 @@ class StateCollector(Collector):
         self.projector = projector
 
     def collect(self) -> Iterator[Any]:
-        e = self.engine
-        by_state = queries.counts(e, db.transactions, db.transactions.c.state)
+        with self.engine.connect() as conn:  # one connection; every figure read in it
+            by_state = queries.count_by(conn, "transactions", "state")
+            by_status = queries.count_by(conn, "batches", "status")
+            reps = queries.count_by(conn, "replays", "status")
+            cum, count, total_ms = queries.latency_histogram(conn, [b * 1000 for b in LATENCY_BOUNDS_S])
         g = GaugeMetricFamily("pulsar_txn_transactions", "Transactions in the ledger by state", labels=["state"])
         for s in TXN_STATES:
             g.add_metric([s], by_state.get(s, 0))
         yield g
-        by_status = queries.counts(e, db.batches, db.batches.c.status)
         g = GaugeMetricFamily("pulsar_txn_batches", "Batches by status", labels=["status"])
         for s in BATCH_STATUSES:
             g.add_metric([s], by_status.get(s, 0))
         yield g
-        reps = queries.counts(e, db.replays, db.replays.c.status)
         g = GaugeMetricFamily("pulsar_txn_replays", "Replays requested over REST by status", labels=["status"])
         for s in REPLAY_STATUSES:
             g.add_metric([s], reps.get(s, 0))
         yield g
-        cum, count, total_ms = queries.commit_latency_histogram(e, [b * 1000 for b in LATENCY_BOUNDS_S])
         h = HistogramMetricFamily("pulsar_txn_commit_latency_seconds",
                                   "Open-to-commit time of committed transactions")
         buckets = [(repr(b), c) for b, c in zip(LATENCY_BOUNDS_S, cum, strict=True)] + [("+Inf", count)]

@@ -465,7 +465,9 @@ def test_vanished_open_transaction_is_resolved_as_aborted(broker: Any, tmp_path:
                        extra_env={"PULSAR_TXN_RESOLVE_AFTER_MS": "3000"}).start()
     try:
         tid = str(t.id)
-        row = server.wait_for(lambda: (r := server.request("GET", f"/transactions/{tid}"))[0] == 200 and r[1])
+        # The coordinator alone makes it a 200 before the projection has the record: wait for the ledger view.
+        row = server.wait_for(lambda: (r := server.request("GET", f"/transactions/{tid}"))[0] == 200
+                              and r[1]["ledger"] is not None and r[1])
         assert row["ledger"]["state"] in ("OPEN", "ABORTED")
         done = server.wait_for(lambda: (r := server.get(f"/transactions/{tid}"))["state"] == "ABORTED" and r,
                                timeout=90)

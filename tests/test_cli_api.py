@@ -510,7 +510,10 @@ def test_abort_an_open_transaction(world: World) -> None:
         batch = f"stuckjob:{uuid.uuid4().hex[:8]}:1"
         rec = LedgerRecord("STARTED", "stuckjob", batch, tid, 1, {}, started_at_ms=now_ms())
         client.create_producer(world.ledger).send(rec.to_json(), partition_key=batch)
-        world.api.wait_for(lambda: world.api.request("GET", f"/transactions/{tid}")[0] == 200, timeout=60)
+        # Until the projection has applied the STARTED record, the API already answers 200 from the
+        # coordinator alone, without the ledger fields checked below: wait for those.
+        world.api.wait_for(lambda: (lambda r: r[0] == 200 and r[1]["ledger"] is not None)(
+            world.api.request("GET", f"/transactions/{tid}")), timeout=60)
 
         r = world.cli("txns", "show", tid)
         assert r.returncode == 0, r.stderr
