@@ -139,7 +139,7 @@ async def list_transactions(
     limit: Limit = 50, offset: Offset = 0,
 ) -> dict[str, Any]:
     """Transactions from the ledger, newest first."""
-    items, total = await asyncio.to_thread(queries.list_transactions, c.engine, state, job, since, limit, offset)
+    items, total = await asyncio.to_thread(queries.list_transactions, c.reader, state, job, since, limit, offset)
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
@@ -156,7 +156,7 @@ async def transactions_timeseries(
     until = now_ms()
     until -= until % (bucket_s * 1000)
     until += bucket_s * 1000
-    points = await asyncio.to_thread(queries.timeseries, c.engine, until - window_s * 1000, until, bucket_s * 1000)
+    points = await asyncio.to_thread(queries.timeseries, c.reader, until - window_s * 1000, until, bucket_s * 1000)
     return {"bucket_ms": bucket_s * 1000, "points": points}
 
 
@@ -165,7 +165,7 @@ async def transactions_timeseries(
 async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> dict[str, Any]:
     """A transaction: its ledger record(s) and, while it is live, the coordinator's metadata."""
     tid = parse_txn_id(txn_id)
-    row, recs = await asyncio.to_thread(queries.transaction_detail, c.engine, tid)
+    row, recs = await asyncio.to_thread(queries.transaction_detail, c.reader, tid)
     live = None
     if row is None or row["state"] == "OPEN":
         meta = await _live(c, c.live.txn_metadata, tid)
@@ -193,7 +193,7 @@ async def abort_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> Abort
     tid = parse_txn_id(txn_id)
     meta = await _live(c, c.live.txn_metadata, tid)
     if meta is None:
-        row = await asyncio.to_thread(queries.get_transaction, c.engine, tid)
+        row = await asyncio.to_thread(queries.get_transaction, c.reader, tid)
         if row is None:
             raise HTTPException(404, f"transaction {tid} is not known to its coordinator nor in the ledger")
         raise HTTPException(409, f"transaction {tid} has already ended ({row['state']} in the ledger)")
@@ -226,7 +226,7 @@ async def coordinators(
 @reads.get("/jobs", response_model=list[Job], responses=AUTH_ERRORS)
 async def jobs(c: Core = Depends(core)) -> list[dict[str, Any]]:
     """Every job: batches by status, committed volumes, throughput, last commit."""
-    return await asyncio.to_thread(queries.all_job_stats, c.engine)
+    return await asyncio.to_thread(queries.all_job_stats, c.reader)
 
 
 @reads.get("/jobs/{job:path}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
@@ -234,7 +234,7 @@ async def job(job: JobPath, c: Core = Depends(core),
               recent: Annotated[int, Query(ge=0, le=1000, description="latest batches to include")] = 20,
               ) -> dict[str, Any]:
     """One job's stats and its latest batches."""
-    detail = await asyncio.to_thread(queries.job_detail, c.engine, job, recent)
+    detail = await asyncio.to_thread(queries.job_detail, c.reader, job, recent)
     if detail is None:
         raise HTTPException(404, f"no batches of job {job!r} in the ledger")
     return detail
@@ -247,14 +247,14 @@ async def list_batches(
     limit: Limit = 50, offset: Offset = 0,
 ) -> dict[str, Any]:
     """Batches from the ledger, newest first."""
-    items, total = await asyncio.to_thread(queries.list_batches, c.engine, job, status, limit, offset)
+    items, total = await asyncio.to_thread(queries.list_batches, c.reader, job, status, limit, offset)
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
 @reads.get("/batches/{batch_id:path}", response_model=BatchDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
 async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
     """A batch, its ledger records and its replay."""
-    row = await asyncio.to_thread(queries.batch_detail, c.engine, batch_id)
+    row = await asyncio.to_thread(queries.batch_detail, c.reader, batch_id)
     if row is None:
         raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
     return row
@@ -268,7 +268,7 @@ async def replay_batch(batch_id: BatchIdPath, request: Request, c: Core = Depend
         raise HTTPException(405, "POST /batches/{id} is not an operation (a '/replay' at its end was percent-encoded, "
                                  "so it belongs to the id); to replay a batch, POST /batches/{id}/replay",
                             headers={"Allow": "GET"})
-    row = await asyncio.to_thread(queries.get_batch, c.engine, batch_id)
+    row = await asyncio.to_thread(queries.get_batch, c.reader, batch_id)
     if row is None:
         raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
     try:
@@ -292,5 +292,5 @@ async def get_replay(replay_id: ReplayIdPath, c: Core = Depends(core)) -> dict[s
 @reads.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **AUTH_ERRORS})
 async def prometheus(c: Core = Depends(core)) -> Response:
     """Prometheus text format: transactions by state, batches, replays, commit latency."""
-    body = await asyncio.to_thread(metrics.render, c.engine, c.projector)
+    body = await asyncio.to_thread(metrics.render, c.reader, c.projector)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 from sqlalchemy import Engine
 
@@ -45,6 +46,15 @@ class Core:
                                        discover_interval_s=settings.discover_interval_s,
                                        resolve_after_ms=settings.resolve_after_ms)
         return core
+
+    @cached_property
+    def reader(self) -> Engine:
+        """The engine for the read queries: the same pool, in autocommit mode.
+
+        No BEGIN and ROLLBACK around a request's statements (two round trips to PostgreSQL). It
+        reads the same: under READ COMMITTED (PostgreSQL's default) each statement sees the data
+        committed when it starts either way, and SQLite runs a SELECT outside a transaction."""
+        return self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def start(self) -> None:
         """Start the projection and resume replays a previous process left unfinished."""
