@@ -49,11 +49,14 @@ class Core:
 
     @cached_property
     def reader(self) -> Engine:
-        """The engine for the read queries: the same pool, in autocommit mode.
+        """The engine for the read queries: on PostgreSQL the same pool in autocommit mode.
 
-        No BEGIN and ROLLBACK around a request's statements (two round trips to PostgreSQL). It
-        reads the same: under READ COMMITTED (PostgreSQL's default) each statement sees the data
-        committed when it starts either way, and SQLite runs a SELECT outside a transaction."""
+        No BEGIN and ROLLBACK around a request's statements (two round trips). It reads the same:
+        under READ COMMITTED (PostgreSQL's default) each statement sees the data committed when it
+        starts either way. SQLite (pysqlite) runs a SELECT outside a transaction already, and
+        switching its mode per checkout costs a PRAGMA: there it is the engine itself."""
+        if self.engine.dialect.name == "sqlite":
+            return self.engine
         return self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def start(self) -> None:
