@@ -509,11 +509,9 @@ def runtime(args: argparse.Namespace, spark: Any, url: str, admin: str, ns: str)
                 "transform, `collect()`), produce, then the commit (input acks, COMMITTED record, END_TXN). "
                 "The next batch is received while a batch commits. Each output topic held exactly "
                 "batches x size messages.",
-            "", "The input is partitioned because a batch acknowledges its inputs with one ACK command per "
-                "input partition: from roughly 70k input messages on one partition (written in batches, so "
-                "each message id carries the batch's ack bit set) that command exceeds the broker's 5 MB frame "
-                "limit, the broker resets the connection, and the batch is retried "
-                "forever (`--runtime-input-partitions 0` shows it)."]
+            "", "A batch's transactional acks go out per input partition, as one id per stored entry and in "
+                "commands of at most 4096 ids, so they stay under the broker's 5 MB frame limit on any number "
+                "of partitions (`--runtime-input-partitions 0` writes one)."]
     return out
 
 
@@ -533,7 +531,7 @@ def main() -> int:
     ap.add_argument("--runtime-size", type=int, default=100, help="message size in bytes (section 3)")
     ap.add_argument("--runtime-txn-timeout-ms", type=int, default=120_000, help="processor's txn_timeout_ms")
     ap.add_argument("--runtime-input-partitions", type=int, default=4,
-                    help="partitions of the runtime's input topic (0: not partitioned; see the report)")
+                    help="partitions of the runtime's input topic (0: not partitioned)")
     ap.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                     help="extra option for the pulsar-txn sink (repeatable)")
     ap.add_argument("--compare-unbatched", action="store_true",

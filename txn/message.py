@@ -255,19 +255,10 @@ class ReceivedMessage(Message):
         sequence_id: int,
         consumer: _TopicConsumer | None,
     ) -> None:
-        self._data = data
-        self._properties = properties
-        self._id = None
+        Message.__init__(self, data, properties, None, topic, partition_key, publish_timestamp,  # type: ignore[arg-type]
+                         event_timestamp, redelivery_count, producer_name, sequence_id, consumer)
         self._entry = entry
         self._index = index
-        self._topic = topic
-        self._key = partition_key
-        self._publish_ts = publish_timestamp
-        self._event_ts = event_timestamp
-        self._redelivery = redelivery_count
-        self._producer = producer_name
-        self._sequence_id = sequence_id
-        self._consumer = consumer
 
     def message_id(self) -> MessageId:
         """Where the message is stored."""

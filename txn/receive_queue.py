@@ -78,30 +78,21 @@ class ReceiveQueue:
 
     def get_blocking(self, timeout: float | None) -> Any:
         """Pop one message, waiting up to ``timeout`` seconds (other threads only)."""
-        item = self.get_nowait()
-        if item is not None:
-            return item
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not self._dq:
-                if self._closed is not None:
-                    raise self._closed
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise Timeout("no message received within the timeout")
-                self._sync_waiters += 1
-                try:
-                    self._cond.wait(remaining if remaining is not None else 1.0)
-                finally:
-                    self._sync_waiters -= 1
-            if self._closed is not None:
-                raise self._closed
-            item = self._dq.popleft()
-            sub = item._consumer  # noqa: SLF001
-            flow = _count_locked(sub, 1) if sub is not None else 0
-        if flow:
-            self._flow(sub, flow)
-        return item
+        while True:
+            item = self.get_nowait()  # raises once the queue is closed
+            if item is not None:
+                return item
+            with self._cond:
+                while not self._dq and self._closed is None:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise Timeout("no message received within the timeout")
+                    self._sync_waiters += 1
+                    try:
+                        self._cond.wait(remaining if remaining is not None else 1.0)
+                    finally:
+                        self._sync_waiters -= 1
 
     async def get(self, timeout: float | None) -> Any:
         """Pop one message, awaiting up to ``timeout`` seconds (event-loop thread)."""
