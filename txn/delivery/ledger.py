@@ -57,6 +57,9 @@ class LedgerRecord:
     replay_of: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
+    #: Inputs acknowledged in this transaction without output because the ledger already showed
+    #: them committed (acknowledgements the broker lost; see ``txn.delivery.ledger_guard``).
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
