@@ -52,6 +52,7 @@ from ..producer import AsyncProducer
 from ..topic import parse_topic
 from ..transaction import AsyncTransaction
 from .ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms
+from .ledger_guard import LedgerGuard
 from .output import Output, handler_spec, is_async, normalise
 
 log = logging.getLogger("txn.processor")
@@ -106,6 +107,13 @@ class ProcessorConfig:
     max_pending_messages: int | None = None  # output producers' window; default 2 × batch, 1000..50000
     progress_interval_s: float = 5.0
     handler_spec: str | None = None
+    #: Check every batch's inputs against the ledger's committed records (see ``ledger_guard``).
+    ledger_guard: bool = True
+    #: Bound of the guard's state: stored entries (messages or batches) remembered per job.
+    guard_max_entries: int = 200_000
+    #: How long a batch waits for the ledger to become readable up to its STARTED record after a
+    #: re-subscription; default 3 x the transaction timeout, at least 2 minutes.
+    guard_sync_timeout_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,6 +126,8 @@ class ProcessorStats:
     outputs: int = 0
     aborts: int = 0
     parked: int = 0
+    #: Inputs the ledger already showed committed: acknowledged again, nothing produced.
+    duplicates_skipped: int = 0
     commit_ms_total: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
@@ -127,7 +137,8 @@ class ProcessorStats:
         return (
             f"[{job}] batches={self.batches} messages={self.messages} outputs={self.outputs} "
             f"txn/s={self.batches / el:.1f} msg/s={self.messages / el:.0f} aborts={self.aborts} "
-            f"parked={self.parked} inflight={inflight} avg_commit_ms={avg:.1f}"
+            f"parked={self.parked} duplicates_skipped={self.duplicates_skipped} inflight={inflight} "
+            f"avg_commit_ms={avg:.1f}"
         )
 
 
@@ -168,6 +179,8 @@ class AsyncProcessor:
         self._async_handler = is_async(handler)
         self.fatal: BaseException | None = None
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
+        self.guard: LedgerGuard | None = None
+        self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
         #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
         self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
 
@@ -184,6 +197,9 @@ class AsyncProcessor:
             receiver_queue_size=c.receiver_queue_size,
         )
         await ensure_ledger_retained(self.client, self.ledger_topic)
+        if c.ledger_guard:
+            self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_entries)
+            await self.guard.start()
         self._ledger = await self.client.create_producer(
             self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
         )
@@ -223,6 +239,8 @@ class AsyncProcessor:
             await p.close()
         if self._consumer is not None:
             await self._consumer.close()
+        if self.guard is not None:
+            await self.guard.close()
 
     # ---------------------------------------------------------------------- loop
 
@@ -371,18 +389,46 @@ class AsyncProcessor:
                 await self._park(msgs[0], failure, attempt, root)
                 return
 
+    async def _sync_guard(self, msgs: list[Message], batch_id: str, attempt: int, started: int) -> bool:
+        """After a (re)subscription, wait until the guard has read the ledger past this batch's STARTED record.
+
+        Returns True if it wrote the batch's STARTED record (then without a transaction id).
+        """
+        guard = self.guard
+        assert self._consumer is not None and self._ledger is not None
+        made = self._consumer.subscriptions_made
+        if guard is None or made == self._guard_synced:
+            return False
+        c = self.config
+        timeout_ms = c.guard_sync_timeout_ms or max(3 * c.txn_timeout_ms, 120_000)
+        rec = LedgerRecord("STARTED", c.job, batch_id, None, attempt, _ids(msgs), started_at_ms=started,
+                           config=self._record_config())
+        try:
+            await guard.ensure_running()
+            mid = await self._ledger.send(rec.to_json(), partition_key=batch_id)
+            await guard.wait_past(mid, timeout_ms / 1000)
+        except (PulsarError, TimeoutError) as exc:
+            raise _Transient(exc) from exc
+        self._guard_synced = made
+        return True
+
     async def _attempt(self, msgs: list[Message], batch_id: str, attempt: int) -> None:
         c = self.config
+        started = now_ms()
+        wrote_started = await self._sync_guard(msgs, batch_id, attempt, started)
+        fresh, dups = self.guard.split(msgs) if self.guard is not None else (msgs, [])
+        if dups:
+            log.warning("batch %s: %d input(s) were already committed according to the ledger (the broker lost "
+                        "their acknowledgements); acknowledging them again without output", batch_id, len(dups))
         t = await self._take_txn()
         generation = self._generation()
-        started = now_ms()
-        inputs: dict[str, list[str]] = {}
-        for m in msgs:
-            inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
-        self._record_nowait(
-            LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, inputs, started_at_ms=started,
-                         config=self._record_config())
-        )
+        inputs = _ids(fresh)
+        duplicates = _ids(dups)
+        if not wrote_started:
+            self._record_nowait(
+                LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, _ids(msgs), started_at_ms=started,
+                             config=self._record_config())
+            )
         try:
             # Register what the batch will surely touch in two requests, while it is transformed.
             assert self._consumer is not None and self._ledger is not None
@@ -390,7 +436,7 @@ class AsyncProcessor:
             subs = [(tp, c.subscription) for tp in {m.topic_name() for m in msgs}]
             registering = asyncio.ensure_future(t.register_many(parts, subs))
             try:
-                outputs = await self._transform(msgs)
+                outputs = await self._transform(fresh) if fresh else []
             finally:
                 try:
                     await registering
@@ -409,7 +455,7 @@ class AsyncProcessor:
             raise _Transient(exc) from exc
         await self._slots.acquire()
         task = asyncio.get_running_loop().create_task(
-            self._finish(t, msgs, batch_id, attempt, inputs, counts, started, generation)
+            self._finish(t, msgs, batch_id, attempt, inputs, counts, started, generation, fresh, duplicates)
         )
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -467,6 +513,8 @@ class AsyncProcessor:
         counts: dict[str, int],
         started: int,
         generation: int,
+        fresh: list[Message],
+        duplicates: dict[str, list[str]],
     ) -> None:
         c = self.config
         t0 = time.monotonic()
@@ -474,7 +522,7 @@ class AsyncProcessor:
             assert self._consumer is not None and self._ledger is not None
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
             rec = LedgerRecord("COMMITTED", c.job, batch_id, str(t.id), attempt, inputs, counts,
-                               started_at_ms=started, ended_at_ms=now_ms())
+                               started_at_ms=started, ended_at_ms=now_ms(), duplicates=duplicates)
             receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
             self._ledger.flush_now()
             await receipt
@@ -487,12 +535,17 @@ class AsyncProcessor:
                                        txn_id=t.id)
             await t.commit()
             commit_ms = (time.monotonic() - t0) * 1000
+            if self.guard is not None:
+                add = self.guard.committed.add_message
+                for m in fresh:
+                    add(m)
             self.stats.batches += 1
-            self.stats.messages += len(msgs)
+            self.stats.messages += len(fresh)
+            self.stats.duplicates_skipped += len(msgs) - len(fresh)
             self.stats.outputs += sum(counts.values())
             self.stats.commit_ms_total += commit_ms
             if self.on_commit is not None:
-                self.on_commit(batch_id, t.id, len(msgs), counts, commit_ms)
+                self.on_commit(batch_id, t.id, len(fresh), counts, commit_ms)
         except (PulsarError, TransactionError) as exc:
             self.stats.aborts += 1
             log.warning("batch %s (txn %s) did not commit: %s; the broker redelivers its inputs",
@@ -554,6 +607,8 @@ class AsyncProcessor:
                 )
                 await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
                 await t.commit()
+                if self.guard is not None:
+                    self.guard.committed.add_message(m)
                 self.stats.parked += 1
                 log.warning("parked message %s of batch %s on %s: %s", m.message_id(), batch_id, parked_topic,
                             failure)
@@ -618,6 +673,14 @@ async def _discard(task: asyncio.Task[AsyncTransaction]) -> None:
     except BaseException:  # noqa: BLE001 - never opened
         return
     await _discard_txn(t)
+
+
+def _ids(msgs: list[Message]) -> dict[str, list[str]]:
+    """Message ids per topic/partition, as ledger records list them."""
+    out: dict[str, list[str]] = {}
+    for m in msgs:
+        out.setdefault(m.topic_name(), []).append(str(m.message_id()))
+    return out
 
 
 def _err(exc: BaseException) -> str:

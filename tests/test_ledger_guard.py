@@ -1,0 +1,211 @@
+"""The processor's ledger guard: inputs the ledger shows committed never produce output again.
+
+The broker is made to forget committed acknowledgements the way an operator (or Pulsar 4.0.8's
+cursor recovery, see test_conformance_batch_ack_bug.py) can: the subscription's cursor is reset
+to the start of the topic, so every committed input is delivered again. With the guard the
+processor acknowledges them again and produces nothing; without it (``ledger_guard=False``) the
+same run commits every output a second time, which shows the check can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pulsar
+import pytest
+
+import txn
+from txn.admin import admin_request
+from txn.delivery.ledger import LedgerRecord
+from txn.delivery.ledger_guard import CommittedInputs, LedgerGuard
+from txn.delivery.output import Output
+from txn.delivery.processor import AsyncProcessor, ProcessorConfig
+from txn.delivery.replay import read_ledger
+from txn.localbroker import create_partitioned_topic
+
+N = 60
+
+
+def fan_out(m: txn.Message) -> list[Output]:
+    """``id % 3`` outputs per input (0, 1 or 2), each ``<id>.<k>``."""
+    i = int(m.data())
+    return [Output(f"{i}.{k}".encode()) for k in range(i % 3)]
+
+
+def _expected() -> Counter[bytes]:
+    return Counter(f"{i}.{k}".encode() for i in range(N) for k in range(i % 3))
+
+
+@pytest.fixture
+def official(broker):
+    c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    yield c
+    c.close()
+
+
+def _fill(official, topic: str, batched: bool) -> None:
+    """N inputs; batched: entries of 7 messages, so committed batches of 10 cut entries in two."""
+    p = official.create_producer(topic, batching_enabled=batched, batching_max_messages=7,
+                                 batching_max_publish_delay_ms=50, block_if_queue_full=True)
+    futs = []
+    for i in range(N):
+        done = {}
+        p.send_async(str(i).encode(), lambda res, mid, d=done: d.setdefault("r", res))
+        futs.append(done)
+    p.flush()
+    p.close()
+    assert all(f.get("r") == pulsar.Result.Ok for f in futs)
+
+
+def _reset_to_start(admin_url: str, topic: str, sub: str, partitions: int) -> None:
+    names = [topic] if partitions == 0 else [f"{topic}-partition-{i}" for i in range(partitions)]
+    for name in names:
+        path = name.replace("persistent://", "/admin/v2/persistent/")
+        status, body = admin_request("POST", admin_url, f"{path}/subscription/{sub}/resetcursor/0")
+        assert status in (200, 204), (status, body)
+
+
+def _drain(reader, idle_ms: int = 3000) -> list[bytes]:
+    got = []
+    while True:
+        try:
+            m = reader.receive(timeout_millis=idle_ms)
+        except pulsar.Timeout:
+            return got
+        got.append(m.data())
+        reader.acknowledge(m)
+
+
+async def _process(broker, inp, out, ledger, guard: bool) -> AsyncProcessor:
+    async with txn.AsyncClient(broker.service_url) as client:
+        conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job="guarded", ledger_topic=ledger,
+                               batch_max_messages=10, ledger_guard=guard)
+        proc = AsyncProcessor(client, fan_out, conf)
+        await proc.start()
+        try:
+            await proc.run(idle_exit_ms=2500)
+        finally:
+            await proc.close()
+        return proc
+
+
+@pytest.mark.parametrize("batched,partitions", [(True, 0), (False, 0), (True, 3)])
+def test_restart_after_lost_acks_commits_nothing_twice(broker, official, unique_name, batched, partitions):
+    inp, out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
+    if partitions:
+        create_partitioned_topic(broker.admin_url, inp, partitions)
+    verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+    _fill(official, inp, batched)
+
+    first = asyncio.run(_process(broker, inp, out, ledger, guard=True))
+    assert (first.stats.messages, first.stats.duplicates_skipped) == (N, 0)
+    assert Counter(_drain(verifier)) == _expected()
+
+    _reset_to_start(broker.admin_url, inp, "proc", partitions)  # the broker "forgets" every ack
+    second = asyncio.run(_process(broker, inp, out, ledger, guard=True))
+    assert (second.stats.messages, second.stats.duplicates_skipped, second.stats.outputs) == (0, N, 0)
+    assert _drain(verifier) == []
+
+    records = asyncio.run(_ledger(broker, ledger))
+    committed = [r for r in records if r.kind == "COMMITTED"]
+    inputs = Counter(i for r in committed for ids in r.inputs.values() for i in ids)
+    dups = Counter(i for r in committed for ids in r.duplicates.values() for i in ids)
+    assert len(inputs) == N and set(inputs.values()) == {1}  # every input committed once
+    assert set(dups) == set(inputs) and set(dups.values()) == {1}  # and acknowledged once more, without output
+    assert sum(sum(r.outputs.values()) for r in committed) == sum(_expected().values())
+
+    # The same reset without the guard duplicates every output: the check above can fail.
+    _reset_to_start(broker.admin_url, inp, "proc", partitions)
+    third = asyncio.run(_process(broker, inp, out, ledger, guard=False))
+    assert third.stats.messages == N
+    assert Counter(_drain(verifier)) == _expected()
+    verifier.close()
+
+
+async def _ledger(broker, ledger: str) -> list[LedgerRecord]:
+    async with txn.AsyncClient(broker.service_url) as client:
+        return await read_ledger(client, ledger)
+
+
+def test_running_processor_resyncs_after_its_consumer_resubscribes(broker, official, unique_name):
+    """A reset while the processor runs closes its consumer; after resubscribing it checks the ledger again."""
+    inp, out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
+    verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+    _fill(official, inp, batched=True)
+
+    async def main() -> AsyncProcessor:
+        async with txn.AsyncClient(broker.service_url) as client:
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job="guarded",
+                                   ledger_topic=ledger, batch_max_messages=10)
+            proc = AsyncProcessor(client, fan_out, conf)
+            await proc.start()
+            runner = asyncio.ensure_future(proc.run())
+            try:
+                deadline = time.monotonic() + 60
+                while proc.stats.messages < N and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                assert proc.stats.messages == N
+                made = proc._consumer.subscriptions_made  # noqa: SLF001
+                await asyncio.to_thread(_reset_to_start, broker.admin_url, inp, "proc", 0)
+                while proc.stats.duplicates_skipped < N and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                assert proc._consumer.subscriptions_made > made  # noqa: SLF001
+            finally:
+                proc.stop()
+                await runner
+                await proc.close()
+            return proc
+
+    proc = asyncio.run(main())
+    assert (proc.stats.messages, proc.stats.duplicates_skipped) == (N, N)
+    assert Counter(_drain(verifier)) == _expected()
+    verifier.close()
+
+
+def test_guard_ignores_other_jobs_and_uncommitted_records(broker, unique_name):
+    """Only committing records (COMMITTED/PARKED/REPLAYED) of the guard's own job and inputs count."""
+    ledger = f"persistent://public/default/{unique_name('ledger')}"
+    inp = "persistent://public/default/in"
+    recs = [
+        LedgerRecord("COMMITTED", "mine", "b1", "(0,1)", 1, {inp: ["(5,1,-1,-1)"]}),
+        LedgerRecord("STARTED", "mine", "b2", "(0,2)", 1, {inp: ["(5,2,-1,-1)"]}),
+        LedgerRecord("ABORTED", "mine", "b3", "(0,3)", 1, {inp: ["(5,3,-1,-1)"]}),
+        LedgerRecord("COMMITTED", "other", "b4", "(0,4)", 1, {inp: ["(5,4,-1,-1)"]}),
+        LedgerRecord("COMMITTED", "mine", "b5", "(0,5)", 1, {"persistent://public/default/elsewhere": ["(5,5,-1,-1)"]}),
+        LedgerRecord("PARKED", "mine", "b6", "(0,6)", 1, {inp: ["(5,6,-1,3)"]}),
+    ]
+
+    async def main() -> tuple[int, set[int]]:
+        async with txn.AsyncClient(broker.service_url) as client:
+            p = await client.create_producer(ledger)
+            for r in recs:
+                await p.send(r.to_json())
+            await p.send(b'{"job":"mine","kind":"COMMITTED","inputs":{"x":5}}')  # malformed: ignored
+            last = await p.send(b"not json")
+            guard = LedgerGuard(client, ledger, "mine", [inp])
+            await guard.start()
+            await guard.wait_past(last, 30)
+            known = {e for e in range(1, 7) if guard.committed.contains(_msg(inp, 5, e, -1 if e != 6 else 3))}
+            await guard.close()
+            return guard.records_applied, known
+
+    applied, known = asyncio.run(main())
+    assert (applied, known) == (2, {1, 6})
+
+
+def _msg(topic: str, ledger: int, entry: int, index: int) -> txn.Message:
+    return txn.Message(b"", {}, txn.MessageId(ledger, entry, -1, index), topic, None, 0, 0, 0, "", 0)
+
+
+def test_committed_inputs_is_bounded_and_collapses_full_entries():
+    c = CommittedInputs(max_entries=3)
+    for i in range(5):
+        c.add("t", 1, i, 0, batch_size=2)
+    assert len(c) == 3 and c.evicted == 2
+    assert not c.contains(_msg("t", 1, 0, 0)) and c.contains(_msg("t", 1, 4, 0))
+    assert not c.contains(_msg("t", 1, 4, 1))
+    c.add("t", 1, 4, 1, batch_size=2)
+    assert c._entries[("t", 1, 4)] is None  # noqa: SLF001 - both indexes: one marker for the entry
+    assert c.contains(_msg("t", 1, 4, 1))

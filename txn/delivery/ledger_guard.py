@@ -1,0 +1,263 @@
+"""The ledger guard: never commit an input the ledger already shows committed.
+
+Exactly-once must not rest on the broker's acknowledgement state alone. Pulsar 4.0.8 can
+lose committed batch-index acknowledgements when a cursor recovers (a broker restart, a topic
+unload): the inputs of a committed batch then come back, and the broker's conflict check
+cannot see the earlier commit. The ledger can: a batch's ``COMMITTED`` (or ``PARKED`` /
+``REPLAYED``) record is written inside the batch's transaction, so a read-committed reader sees
+it exactly when the batch committed.
+
+:class:`LedgerGuard` is the deduplicating receiver of the reference texts applied to the
+ledger. A background reader tails the ledger topic from its start and keeps, per input
+topic/partition, the ids that the job's committed records name (bounded: the oldest entries are
+forgotten past ``max_entries``). Its state is rebuilt from the ledger at every start, so it is
+as durable as the ledger.
+
+When to trust it. Lost acknowledgements only come back after the consumer re-subscribed (a
+broker restart or topic move closes every consumer). So after a (re)subscription, before a batch
+is checked, the processor writes its ``STARTED`` record and waits until the guard has read past
+it (:meth:`wait_past`). Every transaction that committed before that record was written has its
+records before it, and Pulsar's read-committed dispatch only lets a reader past a position once
+every transaction with records before it is resolved; so from then on the guard knows every
+commit that could have lost its acknowledgements. Between re-subscriptions the broker's own
+state is exact, and the guard is only a second line.
+
+Trust: the guard believes committed records of its job in the ledger topic. Only the job's
+role should be allowed to produce to the ledger topic (Pulsar authorization), as for any topic
+whose contents decide what a job skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from ..errors import PulsarError
+from ..message import EARLIEST, Message, MessageId
+from .ledger import LedgerRecord, LedgerSchemaError
+
+log = logging.getLogger("txn.ledger_guard")
+
+#: Record kinds whose inputs are acknowledged in the record's own transaction.
+COMMITTING_KINDS = frozenset(("COMMITTED", "PARKED", "REPLAYED"))
+#: The batch index of a message stored alone in its entry.
+NOT_BATCHED = -1
+_ALL = None  # an entry whose every message was committed
+
+
+def _parse_id(text: str) -> tuple[int, int, int] | None:
+    """``"(ledger,entry,partition,batch_index)"`` -> ``(ledger, entry, batch_index)``."""
+    if not isinstance(text, str) or len(text) > 100 or not text.startswith("(") or not text.endswith(")"):
+        return None
+    parts = text[1:-1].split(",")
+    if len(parts) != 4:
+        return None
+    try:
+        ledger, entry, _partition, index = (int(p) for p in parts)
+    except ValueError:
+        return None
+    return ledger, entry, index
+
+
+class CommittedInputs:
+    """Ids of committed inputs per topic/partition, bounded by a number of stored entries.
+
+    An entry is a stored message or batch: its committed batch indexes are kept as a set, and
+    an entry all of whose ``batch_size`` messages were committed collapses to one marker.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        # (topic, ledger, entry) -> committed batch indexes (``None``: all of them)
+        self._entries: OrderedDict[tuple[str, int, int], set[int] | None] = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, topic: str, ledger: int, entry: int, index: int, batch_size: int = 0) -> None:
+        """Remember that message ``index`` of entry ``(ledger, entry)`` of ``topic`` committed."""
+        key = (topic, ledger, entry)
+        entries = self._entries
+        if key in entries:
+            got = entries[key]
+            if got is _ALL:
+                return
+        else:
+            got = set()
+            entries[key] = got
+            if len(entries) > self.max_entries:
+                entries.popitem(last=False)
+                self.evicted += 1
+        if index == NOT_BATCHED:
+            entries[key] = _ALL
+            return
+        got.add(index)
+        if batch_size and len(got) >= batch_size:
+            entries[key] = _ALL
+
+    def add_record(self, rec: LedgerRecord) -> int:
+        """Add the inputs of a committing record; returns how many ids it named."""
+        n = 0
+        for topic, ids in rec.inputs.items():
+            if not isinstance(ids, list):
+                continue
+            for text in ids:
+                parsed = _parse_id(text)
+                if parsed is not None:
+                    self.add(topic, *parsed)
+                    n += 1
+        return n
+
+    def add_message(self, m: Message) -> None:
+        """Remember a message this process committed."""
+        mid = m.message_id()
+        self.add(m.topic_name(), mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size)
+
+    def contains(self, m: Message) -> bool:
+        """True if ``m``'s id is known to be committed."""
+        mid = m.message_id()
+        got = self._entries.get((m.topic_name(), mid.ledger_id, mid.entry_id), False)
+        if got is False:
+            return False
+        if got is _ALL:
+            return True
+        return mid.batch_index in got
+
+
+class LedgerGuard:
+    """Tails a ledger topic and answers "was this input already committed by ``job``?"."""
+
+    def __init__(self, client: object, ledger_topic: str, job: str, inputs: Iterable[str],
+                 max_entries: int = 200_000) -> None:
+        self.client = client
+        self.ledger_topic = ledger_topic
+        self.job = job
+        self.inputs = tuple(inputs)  # base topic names; partitions are ``<base>-partition-N``
+        self.committed = CommittedInputs(max_entries)
+        self.records_read = 0
+        self.records_applied = 0
+        self.malformed = 0
+        self._needle = f'"job":{_json_str(job)}'.encode()
+        self._reader: object | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._position: tuple[int, int, int] | None = None
+        self._moved = asyncio.Event()
+        self._error: BaseException | None = None
+
+    async def start(self) -> None:
+        """Open the reader at the ledger's start and begin tailing it."""
+        self._reader = await self.client.create_reader(self.ledger_topic, EARLIEST)  # type: ignore[attr-defined]
+        self._task = asyncio.get_running_loop().create_task(self._tail())
+
+    async def ensure_running(self) -> None:
+        """Restart from the ledger's start (with fresh state) if the reader stopped on an error."""
+        if self._task is not None and not self._task.done():
+            return
+        await self.close()
+        self.committed = CommittedInputs(self.committed.max_entries)
+        self._position = None
+        self._error = None
+        await self.start()
+
+    async def close(self) -> None:
+        """Stop tailing."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(PulsarError):
+                await reader.close()  # type: ignore[attr-defined]
+
+    def _ours(self, topic: str) -> bool:
+        return any(topic == t or topic.startswith(t + "-partition-") for t in self.inputs)
+
+    async def _tail(self) -> None:
+        reader = self._reader
+        assert reader is not None
+        try:
+            while True:
+                m = await reader.read_next()  # type: ignore[attr-defined]
+                self.apply(m.data())
+                mid = m.message_id()
+                self._position = (mid.ledger_id, mid.entry_id, mid.batch_index)
+                self._moved.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - reported to whoever waits on the guard
+            self._error = exc
+            self._moved.set()
+            log.error("ledger guard on %s stopped: %s", self.ledger_topic, exc)
+
+    def apply(self, data: bytes) -> None:
+        """Apply one ledger message: committing records of our job add their inputs."""
+        self.records_read += 1
+        if self._needle not in data:
+            return  # another job's record (or not a record): skip it without parsing
+        try:
+            rec = LedgerRecord.from_json(data)
+        except (LedgerSchemaError, RecursionError, ValueError, TypeError):
+            self.malformed += 1
+            return
+        if rec.kind not in COMMITTING_KINDS or rec.job != self.job or not isinstance(rec.inputs, dict):
+            return
+        if not all(isinstance(t, str) and self._ours(t) for t in rec.inputs):
+            return
+        self.committed.add_record(rec)
+        self.records_applied += 1
+
+    def passed(self, mid: MessageId) -> bool:
+        """True once the reader has read the message ``mid`` of the ledger topic."""
+        pos = self._position
+        return pos is not None and pos >= (mid.ledger_id, mid.entry_id, mid.batch_index)
+
+    async def wait_past(self, mid: MessageId, timeout_s: float, on_wait: object = None) -> None:
+        """Wait until the guard has read the ledger message ``mid``.
+
+        Raises :class:`TimeoutError` after ``timeout_s`` (a transaction with records before
+        ``mid`` is still open: the coordinator resolves it within its timeout), or the error
+        that stopped the reader.
+        """
+        deadline = time.monotonic() + timeout_s
+        next_note = time.monotonic() + 10.0
+        while not self.passed(mid):
+            if self._error is not None:
+                raise self._error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"ledger {self.ledger_topic}: not readable up to {mid} after {timeout_s:.0f}s (an open "
+                    "transaction with earlier ledger records holds read-committed readers back)")
+            self._moved.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait(), min(left, 1.0))
+            if time.monotonic() >= next_note:
+                next_note = time.monotonic() + 10.0
+                log.warning("ledger guard: waiting for %s to become readable (an earlier transaction on the "
+                            "ledger is still open; its coordinator resolves it within its timeout)", mid)
+                if callable(on_wait):
+                    on_wait()
+
+    def split(self, msgs: list[Message]) -> tuple[list[Message], list[Message]]:
+        """``(fresh, already_committed)``, each in the input order."""
+        contains = self.committed.contains
+        fresh: list[Message] = []
+        dups: list[Message] = []
+        for m in msgs:
+            (dups if contains(m) else fresh).append(m)
+        return fresh, dups
+
+
+def _json_str(s: str) -> str:
+    import json
+
+    return json.dumps(s)
