@@ -88,6 +88,8 @@ def cmd_process(args: argparse.Namespace) -> int:
         handler_spec=args.handler,
         receiver_queue_size=args.receiver_queue_size,
         max_inflight_commits=args.max_inflight_commits,
+        ledger_guard=not args.no_ledger_guard,
+        guard_max_entries=args.guard_max_entries,
         **extra,
     )
     print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
@@ -95,7 +97,8 @@ def cmd_process(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     stats = proc.run(idle_exit_ms=args.exit_when_idle_ms)
     print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.aborts} aborts, "
-          f"{stats.parked} parked", file=sys.stderr)
+          f"{stats.parked} parked, {stats.duplicates_skipped} already committed per the ledger (acked again, "
+          "no output)", file=sys.stderr)
     return 0
 
 
@@ -107,7 +110,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ledger = args.ledger_topic or default_ledger_topic(args.output or "persistent://public/default/x")
     handler = load_handler(args.handler) if args.handler else None
     try:
-        res = replay(args.service_url, args.batch, ledger, handler=handler, output=args.output)
+        res = replay(args.service_url, args.batch, ledger, handler=handler, output=args.output,
+                     transform=args.transform)
     except ReplayError as exc:
         print(f"cannot replay: {exc}", file=sys.stderr)
         return 1
@@ -199,14 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in the output's namespace")
     pr.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     pr.add_argument("--exit-when-idle-ms", type=int, default=None, help="exit after this long without input")
+    pr.add_argument("--no-ledger-guard", action="store_true",
+                    help="trust the broker's ack state alone (not recommended: Pulsar 4.0.x can lose batch acks)")
+    pr.add_argument("--guard-max-entries", type=int, default=200_000,
+                    help="committed entries the ledger guard remembers (bounded state)")
     pr.set_defaults(func=cmd_process)
 
     rp = sub.add_parser("replay", help="replay a parked batch exactly once")
     rp.add_argument("--service-url", required=True)
     rp.add_argument("--batch", required=True, help="batch id (from the ledger / the PARKED record)")
     rp.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in --output's namespace")
-    rp.add_argument("--handler", default=None, help="module:function (default: the job's, from the ledger)")
-    rp.add_argument("--output", default=None, help="output topic (default: the job's, from the ledger)")
+    code = rp.add_mutually_exclusive_group(required=True)  # never taken from the ledger
+    code.add_argument("--handler", default=None, help="module:function called per parked message")
+    code.add_argument("--transform", default=None, help="module:function, a Spark DataFrame transform")
+    rp.add_argument("--output", required=True, help="output topic (of outputs that name none)")
     rp.set_defaults(func=cmd_replay)
 
     sp = sub.add_parser("spark", help="Spark exactly-once runtime")
