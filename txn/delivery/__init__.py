@@ -5,11 +5,13 @@
 - :mod:`.replay`: exactly-once replay of parked batches
 - :mod:`.reliable_producer`, :mod:`.outbox`: publisher confirms and a durable outbox
 - :mod:`.dedup`: a deduplicating receiver for side effects outside Pulsar
+- :mod:`.ordering`: the ordering guard (a message held until the one it must follow committed)
 """
 
 from .dedup import DedupReceiver, DedupStats, Outcome
 from .dedup_store import DedupStore, PostgresDedupStore, SqliteDedupStore, open_store
 from .ledger import LedgerRecord
+from .ordering import OrderingGuard, OutOfOrder
 from .outbox import Outbox, OutboxRow
 from .output import Output
 from .processor import AsyncProcessor, Processor, ProcessorConfig, ProcessorStats
@@ -24,6 +26,8 @@ __all__ = [
     "DedupStore",
     "LedgerRecord",
     "MessageNacked",
+    "OrderingGuard",
+    "OutOfOrder",
     "Outbox",
     "OutboxRow",
     "Outcome",

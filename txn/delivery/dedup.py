@@ -31,6 +31,14 @@ checked at most every ``min(60, idle_purge_seconds / 4)`` s, before a receive. A
 sender starts afresh, so the idle time must exceed the longest redelivery delay (consumer
 restarts, ack timeouts, nack delays).
 
+**Ordering.** With ``ordering=OrderingGuard(...)`` (see :mod:`.ordering`) a message naming a
+predecessor (``pulsar-txn.must-follow``) is held, unacknowledged, until its predecessor was
+processed (here, or by another receiver on the same scope and store), then processed; the
+business id is marked done in the same database transaction as the effect. A held message that
+hits the guard's bound is parked: in one database transaction its dedup id is recorded and it
+is stored with the reason in ``txn_order_parked`` (``store.parked_messages(scope)``); then
+``on_park(message, error)`` runs and the message is acknowledged.
+
 **Errors.** If the handler (or the database) raises, the transaction is rolled back and the
 error propagates; the message is neither acknowledged nor nacked. Stop and close the consumer
 then: the broker redelivers from the failed message, in order. Do not commit or roll back
@@ -51,6 +59,7 @@ from typing import Any, Literal, Protocol
 from ..errors import Timeout
 from ..message import Message
 from .dedup_store import DedupStore, Key, open_store
+from .ordering import OrderingGuard, OutOfOrder
 
 
 class _Consumer(Protocol):
@@ -64,6 +73,8 @@ class Outcome(StrEnum):
 
     PROCESSED = "processed"
     DUPLICATE = "duplicate"
+    HELD = "held"
+    PARKED = "parked"
 
 
 @dataclass
@@ -73,6 +84,8 @@ class DedupStats:
     processed: int = 0
     duplicates: int = 0
     purged_senders: int = 0
+    held: int = 0
+    parked: int = 0
 
 
 class DedupReceiver:
@@ -83,6 +96,8 @@ class DedupReceiver:
     of independent receivers sharing a database (default: the subscription name); receivers
     that must not both apply the same effect share a scope. ``after_commit(message)`` runs
     between the commit and the ack. ``on_duplicate(message)`` runs for each dropped duplicate.
+    ``ordering``: an :class:`OrderingGuard` (its store is this receiver's; its scope defaults to
+    ``scope``); ``on_park(message, error)`` runs for each message it parks, after the commit.
     """
 
     def __init__(
@@ -96,6 +111,8 @@ class DedupReceiver:
         scope: str | None = None,
         after_commit: Callable[[Message], None] | None = None,
         on_duplicate: Callable[[Message], None] | None = None,
+        ordering: OrderingGuard | None = None,
+        on_park: Callable[[Message, OutOfOrder], None] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -113,6 +130,12 @@ class DedupReceiver:
         self.scope = scope if scope is not None else consumer.subscription_name()
         self.after_commit = after_commit
         self.on_duplicate = on_duplicate
+        self.ordering = ordering
+        self.on_park = on_park
+        if ordering is not None:
+            if ordering.store is not None and ordering.store is not self.store:
+                raise ValueError("the ordering guard must use the receiver's store (one transaction for both)")
+            ordering.attach(self.store, self.scope)
         self._stats = DedupStats()
         self._purge_every = min(60.0, idle_purge_seconds / 4)
         self._last_purge = time.monotonic()
@@ -130,28 +153,45 @@ class DedupReceiver:
         return msg.topic_name(), (mid.ledger_id, mid.entry_id, mid.batch_index)
 
     def process_one(self, timeout_millis: int | None = None) -> Outcome | None:
-        """Receive one message and process or drop it; None if none came within ``timeout_millis``."""
+        """Handle one message: a held one whose predecessor is now done (or which must be parked)
+        first, else the next received; None if none came within ``timeout_millis``."""
         if time.monotonic() - self._last_purge >= self._purge_every:
             self.purge_idle()
+        g = self.ordering
+        if g is not None:
+            action = g.next_action()
+            if action is not None:
+                msg, why = action
+                return self._handle(msg) if why is None else self._park(msg, why)
+            timeout_millis = g.wait_cap_ms(timeout_millis)
         try:
             msg = self.consumer.receive(timeout_millis)
         except Timeout:
             return None
+        return self._handle(msg)
+
+    def _handle(self, msg: Message) -> Outcome:
         sender, key = self.key_of(msg)
         store = self.store
+        g = self.ordering
         conflict = False
+        verdict: OutOfOrder | bool = True
         store.begin()
         try:
             dup = store.seen(self.scope, sender, key, time.time())
-            if not dup:
+            if not dup and g is not None:
+                verdict = g.check_in_txn(msg)
+            if not dup and verdict is True:
                 self.handler(msg, store.connection)
                 try:
                     store.record(self.scope, sender, key, self.window)
+                    if g is not None:
+                        g.mark_in_txn(msg, "done")
                 except Exception as exc:
                     if not store.is_key_conflict(exc):
                         raise
                     conflict = True  # recorded concurrently by another receiver: undo our effect
-            if conflict:
+            if conflict or verdict is not True:
                 store.rollback()
             else:
                 store.commit()
@@ -159,6 +199,13 @@ class DedupReceiver:
             with contextlib.suppress(Exception):
                 store.rollback()
             raise
+        if not dup and verdict is False:
+            assert g is not None
+            g.hold(msg)  # not acknowledged: a crash redelivers it
+            self._stats.held += 1
+            return Outcome.HELD
+        if not dup and isinstance(verdict, OutOfOrder):
+            return self._park(msg, verdict)
         dup = dup or conflict
         if dup:
             self.consumer.acknowledge(msg)
@@ -166,23 +213,60 @@ class DedupReceiver:
             if self.on_duplicate is not None:
                 self.on_duplicate(msg)
             return Outcome.DUPLICATE
+        if g is not None:
+            g.after_commit(msg, "done")
         if self.after_commit is not None:
             self.after_commit(msg)
         self.consumer.acknowledge(msg)
         self._stats.processed += 1
         return Outcome.PROCESSED
 
+    def _park(self, msg: Message, why: OutOfOrder) -> Outcome:
+        """Store ``msg`` with the reason and record its id (one transaction), then acknowledge it."""
+        g = self.ordering
+        assert g is not None
+        sender, key = self.key_of(msg)
+        store = self.store
+        store.begin()
+        try:
+            dup = store.seen(self.scope, sender, key, time.time())
+            if not dup:
+                store.record(self.scope, sender, key, self.window)
+                store.order_park(self.scope, msg.topic_name(), str(msg.message_id()), why.business_id, str(why),
+                                 msg.data(), msg.properties(), time.time())
+                g.mark_in_txn(msg, "parked")
+            store.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                store.rollback()
+            raise
+        if dup:
+            self.consumer.acknowledge(msg)
+            self._stats.duplicates += 1
+            if self.on_duplicate is not None:
+                self.on_duplicate(msg)
+            return Outcome.DUPLICATE
+        g.after_commit(msg, "parked")
+        if self.on_park is not None:
+            self.on_park(msg, why)
+        self.consumer.acknowledge(msg)
+        self._stats.parked += 1
+        return Outcome.PARKED
+
     def run(self, max_messages: int | None = None, timeout_millis: int | None = None) -> DedupStats:
-        """Process messages until ``max_messages`` were handled (processed or dropped) or, with
-        ``timeout_millis``, until none arrived for that long; forever if both are None."""
+        """Process messages until ``max_messages`` were handled (processed, dropped or parked; held
+        ones count when they are) or, with ``timeout_millis``, until none arrived for that long and
+        none is held; forever if both are None."""
         handled = 0
         slice_ms = timeout_millis if timeout_millis is not None else max(int(self._purge_every * 1000), 1)
         while max_messages is None or handled < max_messages:
-            if self.process_one(slice_ms) is None:
-                if timeout_millis is not None:
+            out = self.process_one(slice_ms)
+            if out is None:
+                if timeout_millis is not None and not (self.ordering is not None and self.ordering.holding):
                     break
                 continue
-            handled += 1
+            if out is not Outcome.HELD:
+                handled += 1
         return self.stats
 
     def purge_idle(self) -> list[str]:

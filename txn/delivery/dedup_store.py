@@ -15,10 +15,18 @@ until the transaction ends (SQLite: ``BEGIN IMMEDIATE`` takes the database's wri
 PostgreSQL: ``INSERT ... ON CONFLICT DO UPDATE`` takes the row lock, at READ COMMITTED, so
 the next statement sees whatever the previous holder committed). Two receivers on the same
 sender are serialised; the ids' primary key backs that up.
+
+The ordering guard (:mod:`.ordering`) keeps its state in the same database:
+``txn_order_scopes`` (one row per scope: the next sequence number, locked by every mark),
+``txn_order_ids`` (business ids with state ``done``, ``parked`` or ``pending``; at most
+``window`` done/parked ids per scope, the oldest evicted first) and ``txn_order_parked``
+(messages the dedup receiver parked, with the reason, until the application takes them).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import sqlite3
 from abc import ABC, abstractmethod
@@ -41,7 +49,59 @@ _SCHEMA = (
         k1 BIGINT NOT NULL, k2 BIGINT NOT NULL, k3 BIGINT NOT NULL,
         PRIMARY KEY (scope, sender, k1, k2, k3))""",
     "CREATE INDEX IF NOT EXISTS txn_dedup_senders_idle ON txn_dedup_senders (scope, last_seen)",
+    """CREATE TABLE IF NOT EXISTS txn_order_scopes (
+        scope TEXT NOT NULL PRIMARY KEY,
+        next_seq BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS txn_order_ids (
+        scope TEXT NOT NULL,
+        bid TEXT NOT NULL,
+        state TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        txn TEXT, ref TEXT,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, bid))""",
+    "CREATE INDEX IF NOT EXISTS txn_order_ids_seq ON txn_order_ids (scope, seq)",
+    """CREATE TABLE IF NOT EXISTS txn_order_parked (
+        scope TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        bid TEXT,
+        reason TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        properties TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, topic, message_id))""",
 )
+
+_ORDER_LOCK = (
+    "INSERT INTO txn_order_scopes (scope, next_seq) VALUES (?, 1) "
+    "ON CONFLICT (scope) DO UPDATE SET next_seq = txn_order_scopes.next_seq RETURNING next_seq"
+)
+_ORDER_BUMP = "UPDATE txn_order_scopes SET next_seq = ? WHERE scope = ?"
+# A pending mark never overwrites a final one; a final one overwrites anything.
+_ORDER_PENDING = (
+    "INSERT INTO txn_order_ids (scope, bid, state, seq, txn, ref, at) VALUES (?, ?, 'pending', ?, ?, ?, ?) "
+    "ON CONFLICT (scope, bid) DO UPDATE SET seq = excluded.seq, txn = excluded.txn, ref = excluded.ref, "
+    "at = excluded.at WHERE txn_order_ids.state = 'pending'"
+)
+_ORDER_FINAL = (
+    "INSERT INTO txn_order_ids (scope, bid, state, seq, txn, ref, at) VALUES (?, ?, ?, ?, NULL, NULL, ?) "
+    "ON CONFLICT (scope, bid) DO UPDATE SET state = excluded.state, seq = excluded.seq, txn = NULL, ref = NULL, "
+    "at = excluded.at"
+)
+_ORDER_EVICT = "DELETE FROM txn_order_ids WHERE scope = ? AND state <> 'pending' AND seq <= ?"
+_ORDER_CLEAR = "DELETE FROM txn_order_ids WHERE scope = ? AND bid = ? AND state = 'pending' AND txn = ?"
+_ORDER_STATE = "SELECT bid, state, txn, ref, at FROM txn_order_ids WHERE scope = ? AND bid IN ({})"
+_ORDER_COUNT = "SELECT state, COUNT(*) FROM txn_order_ids WHERE scope = ? GROUP BY state"
+_PARK_INSERT = (
+    "INSERT INTO txn_order_parked (scope, topic, message_id, bid, reason, payload, properties, at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (scope, topic, message_id) DO NOTHING"
+)
+_PARK_LIST = (
+    "SELECT topic, message_id, bid, reason, payload, properties, at FROM txn_order_parked WHERE scope = ? "
+    "ORDER BY at, topic, message_id"
+)
+_PARK_DELETE = "DELETE FROM txn_order_parked WHERE scope = ? AND topic = ? AND message_id = ?"
 
 _UPSERT_SENDER = (
     "INSERT INTO txn_dedup_senders (scope, sender, n, last_seen) VALUES (?, ?, 0, ?) "
@@ -62,6 +122,30 @@ _PURGE_IDS = "DELETE FROM txn_dedup_ids WHERE scope = ? AND sender = ?"
 _SENDERS = "SELECT sender FROM txn_dedup_senders WHERE scope = ? ORDER BY sender"
 _STATE = "SELECT low1, low2, low3, n, last_seen FROM txn_dedup_senders WHERE scope = ? AND sender = ?"
 _IDS = "SELECT k1, k2, k3 FROM txn_dedup_ids WHERE scope = ? AND sender = ? ORDER BY k1, k2, k3"
+
+
+@dataclass(frozen=True)
+class OrderState:
+    """What a store holds for one business id: ``done``, ``parked`` or ``pending`` (in a
+    transaction ``txn`` whose outcome ``ref`` locates; ``at`` is when it was marked, epoch s)."""
+
+    state: str
+    txn: str | None = None
+    ref: str | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ParkedMessage:
+    """A message the dedup receiver parked (out of order), as stored."""
+
+    topic: str
+    message_id: str
+    business_id: str | None
+    reason: str
+    payload: bytes
+    properties: dict[str, str]
+    at: float
 
 
 @dataclass(frozen=True)
@@ -134,7 +218,68 @@ class DedupStore(ABC):
         evicted = self._exec(_EVICT, (scope, sender, *low)).rowcount
         self._exec(_SET_LOW, (*low, evicted, scope, sender))
 
+    def order_states(self, scope: str, bids: list[str]) -> dict[str, OrderState]:
+        """The stored states of ``bids`` (absent: never marked, or evicted)."""
+        out: dict[str, OrderState] = {}
+        for i in range(0, len(bids), 500):
+            chunk = bids[i:i + 500]
+            sql = _ORDER_STATE.format(", ".join("?" * len(chunk)))
+            for bid, state, txn, ref, at in self._exec(sql, (scope, *chunk)).fetchall():
+                out[bid] = OrderState(state, txn, ref, at)
+        return out
+
+    def order_mark(self, scope: str, bids: list[str], state: str, window: int, now: float,
+                   txn: str | None = None, ref: str | None = None) -> None:
+        """Mark ``bids`` ``done``/``parked`` (or ``pending`` in ``txn``); keep ``window`` final ids per scope."""
+        if not bids:
+            return
+        (seq,) = self._exec(_ORDER_LOCK, (scope,)).fetchone()
+        for bid in bids:
+            if state == "pending":
+                self._exec(_ORDER_PENDING, (scope, bid, seq, txn, ref, now))
+            else:
+                self._exec(_ORDER_FINAL, (scope, bid, state, seq, now))
+            seq += 1
+        self._exec(_ORDER_BUMP, (seq, scope))
+        if state != "pending":
+            self._exec(_ORDER_EVICT, (scope, seq - 1 - window))
+
+    def order_clear_pending(self, scope: str, bids: list[str], txn: str) -> None:
+        """Drop the pending marks ``txn`` left on ``bids`` (it aborted); final marks stay."""
+        for bid in bids:
+            self._exec(_ORDER_CLEAR, (scope, bid, txn))
+
+    def order_park(self, scope: str, topic: str, message_id: str, bid: str | None, reason: str,
+                   payload: bytes, properties: dict[str, str], now: float) -> None:
+        """Store a parked message (once per topic and message id)."""
+        self._exec(_PARK_INSERT, (scope, topic, message_id, bid, reason, base64.b64encode(payload).decode(),
+                                  json.dumps(properties, sort_keys=True), now))
+
     # ------------------------------------------------------- own transactions
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in a transaction of its own: committed if it returns, rolled back if it raises."""
+        self.begin()
+        try:
+            out = fn(*args)
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
+        return out
+
+    def order_counts(self, scope: str) -> dict[str, int]:
+        """How many business ids of ``scope`` are stored, per state."""
+        return {r[0]: int(r[1]) for r in self._read(_ORDER_COUNT, (scope,))}
+
+    def parked_messages(self, scope: str) -> list[ParkedMessage]:
+        """The messages parked under ``scope``, oldest first."""
+        return [ParkedMessage(t, m, b, r, base64.b64decode(p), json.loads(pr), at)
+                for t, m, b, r, p, pr, at in self._read(_PARK_LIST, (scope,))]
+
+    def drop_parked(self, scope: str, topic: str, message_id: str) -> bool:
+        """Delete one parked message (after the application dealt with it); True if it was there."""
+        return self.run(lambda: self._exec(_PARK_DELETE, (scope, topic, message_id)).rowcount > 0)
 
     def purge_idle(self, scope: str, idle_before: float) -> list[str]:
         """Forget every sender of ``scope`` last seen before ``idle_before``; returns them."""
@@ -233,4 +378,7 @@ def open_store(target: str | os.PathLike[str]) -> DedupStore:
     return SqliteDedupStore(t)
 
 
-__all__ = ["DedupStore", "Key", "PostgresDedupStore", "SenderState", "SqliteDedupStore", "open_store"]
+__all__ = [
+    "DedupStore", "Key", "OrderState", "ParkedMessage", "PostgresDedupStore", "SenderState", "SqliteDedupStore",
+    "open_store",
+]
