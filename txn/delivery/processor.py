@@ -51,6 +51,7 @@ from ..message import Message
 from ..producer import AsyncProducer
 from ..topic import parse_topic
 from ..transaction import AsyncTransaction
+from .batching import EntryBoundaries
 from .ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms
 from .ledger_guard import LedgerGuard
 from .output import Output, handler_spec, is_async, normalise
@@ -114,6 +115,9 @@ class ProcessorConfig:
     #: How long a batch waits for the ledger to become readable up to its STARTED record after a
     #: re-subscription; default 3 x the transaction timeout, at least 2 minutes.
     guard_sync_timeout_ms: int | None = None
+    #: Close batches at batch-entry boundaries: a batch never splits a producer's batch entry across
+    #: two transactions (it may exceed ``batch_max_messages`` by up to one entry; see ``batching``).
+    batch_entry_boundaries: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -179,6 +183,7 @@ class AsyncProcessor:
         self._async_handler = is_async(handler)
         self.fatal: BaseException | None = None
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
+        self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
         self.guard: LedgerGuard | None = None
         self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
         #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
@@ -289,8 +294,9 @@ class AsyncProcessor:
         batch: list[Message] = []
         ids: set[tuple[str, Any]] = set()
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
+        held = self._entries.take(consumer.subscriptions_made) if self._entries is not None else None
         while len(batch) < c.batch_max_messages and not self._stopping.is_set():
-            m = consumer.receive_nowait()
+            m, held = consumer.receive_nowait() if held is None else held, None
             if m is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -305,6 +311,8 @@ class AsyncProcessor:
                 continue
             ids.add(key)
             batch.append(m)
+        if self._entries is not None:
+            self._entries.complete(batch, ids, consumer.receive_nowait, consumer.subscriptions_made)
         return batch
 
     async def _receive_or_stop(self, timeout_ms: int) -> Message | None:
