@@ -1,4 +1,12 @@
-"""REST routes: health, transactions, coordinators, jobs, batches, replays, metrics.
+"""REST routes: liveness, readiness, health, transactions, coordinators, jobs, batches, replays,
+quarantine, metrics.
+
+Only ``/livez`` is open whatever the settings; with ``read_requires_token`` everything else needs
+the token. Texts of errors (in /health, in logs) never hold record contents or SQL parameters.
+
+A batch is identified by (ledger topic, batch id): ``GET /batches/{id}`` and ``POST
+/batches/{id}/replay`` take ``?ledger_topic=``, needed only when that id is in several ledger
+topics (409 then, listing them).
 
 Batch ids, job names and replay ids are free-form and may contain '/': the server decodes
 ``%2F`` before routing, so these parameters use Starlette's ``path`` converter and take the rest
@@ -36,6 +44,7 @@ from .core import Core
 from .live import LiveError
 from .models import (
     AbortResult,
+    Alive,
     Batch,
     BatchDetail,
     BatchStatus,
@@ -47,6 +56,8 @@ from .models import (
     JobDetail,
     LiveTxn,
     Page,
+    Quarantined,
+    Ready,
     Replay,
     TimeSeries,
     Transaction,
@@ -54,6 +65,7 @@ from .models import (
     TxnState,
 )
 from .replays import NotReplayable
+from .sanitize import describe
 
 MAX_BUCKETS = 2000
 router = APIRouter()
@@ -75,6 +87,8 @@ BatchIdPath = Annotated[str, Path(description="batch id (may contain '/'; percen
 JobPath = Annotated[str, Path(description="job name (may contain '/')", min_length=1, max_length=256)]
 ReplayIdPath = Annotated[str, Path(description="replay id", min_length=1, max_length=64)]
 NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
+LedgerTopic = Annotated[str | None, Query(min_length=1, max_length=512,
+                                          description="the batch's ledger topic (needed if the id is in several)")]
 
 
 async def core(request: Request) -> Core:
@@ -106,24 +120,58 @@ async def _live(c: Core, fn: Any, *args: Any) -> Any:
         raise HTTPException(503, str(exc)) from None
 
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health}, **INVALID})
+@router.get("/livez", response_model=Alive)
+async def livez() -> dict[str, str]:
+    """Liveness: the process answers. Checks nothing else, so a broker or database outage never
+    makes an orchestrator restart the API (that is what ``/readyz`` is for). Open to all."""
+    return {"status": "alive"}
+
+
+async def _ping_broker(c: Core) -> str:
+    return str(await asyncio.to_thread(c.live.ping))
+
+
+async def _ping_database(c: Core) -> None:
+    def ping() -> None:
+        with c.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    await asyncio.to_thread(ping)
+
+
+@reads.get("/readyz", response_model=Ready, responses={503: {"model": Ready}, **AUTH_ERRORS})
+async def readyz(response: Response, c: Core = Depends(core)) -> dict[str, Any]:
+    """Readiness: the database and the broker's admin API answer (503 if not)."""
+    try:
+        await _ping_database(c)
+        database = True
+    except Exception:  # noqa: BLE001 - reported, not raised
+        database = False
+    try:
+        await _ping_broker(c)
+        broker = True
+    except LiveError:
+        broker = False
+    if not (database and broker):
+        response.status_code = 503
+    return {"status": "ready" if database and broker else "not ready", "database": database, "broker": broker}
+
+
+@reads.get("/health", response_model=Health, responses={503: {"model": Health}, **AUTH_ERRORS})
 async def health(response: Response, c: Core = Depends(core)) -> Health:
     """Broker and database reachability, and the projection's progress (503 if degraded)."""
     try:
-        broker = Component(ok=True, detail=f"clusters: {await asyncio.to_thread(c.live.ping)}")
+        broker = Component(ok=True, detail=f"clusters: {await _ping_broker(c)}")
     except LiveError as exc:
-        broker = Component(ok=False, detail=str(exc))
+        broker = Component(ok=False, detail=describe(exc))
     try:
-        def ping_db() -> None:
-            with c.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-        await asyncio.to_thread(ping_db)
+        await _ping_database(c)
         database = Component(ok=True, detail=c.engine.dialect.name)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
-        database = Component(ok=False, detail=f"{type(exc).__name__}: {exc}")
+        database = Component(ok=False, detail=describe(exc))
     projection = [] if c.projector is None else [
-        {"topic": s.topic, "records": s.records, "skipped": s.skipped, "position": s.position,
-         "last_applied_ms": s.last_applied_ms, "error": s.error} for s in c.projector.status.values()]
+        {"topic": s.topic, "records": s.records, "skipped": s.skipped, "quarantined": s.quarantined,
+         "position": s.position, "last_applied_ms": s.last_applied_ms, "error": s.error}
+        for s in list(c.projector.status.values())]
     ok = broker.ok and database.ok
     if not ok:
         response.status_code = 503
@@ -251,26 +299,40 @@ async def list_batches(
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
-@reads.get("/batches/{batch_id:path}", response_model=BatchDetail, responses={**AUTH_ERRORS, **NOT_FOUND})
-async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core)) -> dict[str, Any]:
+def _one_batch(rows: list[dict[str, Any]], batch_id: str, ledger_topic: str | None) -> dict[str, Any]:
+    """The one row of ``rows``; 404 if none, 409 naming the ledger topics if several."""
+    if not rows:
+        where = f" {ledger_topic}" if ledger_topic else ""
+        raise HTTPException(404, f"batch {batch_id!r} is not in the ledger{where}")
+    if len(rows) > 1:
+        topics = ", ".join(r["ledger_topic"] for r in rows)
+        raise HTTPException(409, f"batch id {batch_id!r} is in several ledger topics ({topics}): "
+                                 "name one with ?ledger_topic=")
+    return rows[0]
+
+
+@reads.get("/batches/{batch_id:path}", response_model=BatchDetail,
+           responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": Error}})
+async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core), ledger_topic: LedgerTopic = None) -> dict[str, Any]:
     """A batch, its ledger records and its replay."""
-    row = await asyncio.to_thread(queries.batch_detail, c.reader, batch_id)
-    if row is None:
-        raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
-    return row
+    rows = await asyncio.to_thread(queries.batch_detail, c.reader, batch_id, ledger_topic)
+    return _one_batch(rows, batch_id, ledger_topic)
 
 
 @writes.post("/batches/{batch_id:path}/replay", status_code=202, response_model=Replay,
              responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": Error}})
-async def replay_batch(batch_id: BatchIdPath, request: Request, c: Core = Depends(core)) -> dict[str, Any]:
-    """Replay a parked batch exactly once (202 with the replay; a repeated POST returns the same one)."""
+async def replay_batch(batch_id: BatchIdPath, request: Request, c: Core = Depends(core),
+                       ledger_topic: LedgerTopic = None) -> dict[str, Any]:
+    """Replay a parked batch exactly once (202 with the replay; a repeated POST returns the same one).
+
+    Only batches of jobs in the control plane's job registry are replayed, with the registry's code
+    and topics (409 otherwise, with the reason)."""
     if not sent_with_suffix(request, b"/replay"):
         raise HTTPException(405, "POST /batches/{id} is not an operation (a '/replay' at its end was percent-encoded, "
                                  "so it belongs to the id); to replay a batch, POST /batches/{id}/replay",
                             headers={"Allow": "GET"})
-    row = await asyncio.to_thread(queries.get_batch, c.reader, batch_id)
-    if row is None:
-        raise HTTPException(404, f"batch {batch_id!r} is not in the ledger")
+    row = _one_batch(await asyncio.to_thread(queries.get_batches, c.reader, batch_id, ledger_topic), batch_id,
+                     ledger_topic)
     try:
         rep, started = await asyncio.to_thread(c.replays.request, row)
     except NotReplayable as exc:
@@ -287,6 +349,18 @@ async def get_replay(replay_id: ReplayIdPath, c: Core = Depends(core)) -> dict[s
     if rep is None:
         raise HTTPException(404, f"replay {replay_id!r} not found")
     return rep
+
+
+@reads.get("/quarantine", response_model=Page[Quarantined], responses=AUTH_ERRORS)
+async def quarantine(
+    c: Core = Depends(core),
+    topic: Annotated[str | None, Query(max_length=512, description="one ledger topic")] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="page size")] = 20, offset: Offset = 0,
+) -> dict[str, Any]:
+    """Ledger messages the projection quarantined (not valid records, or refused by the database),
+    newest first; the projection moved past each of them."""
+    items, total = await asyncio.to_thread(queries.list_quarantine, c.reader, topic, limit, offset)
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
 @reads.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **AUTH_ERRORS})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .api import reads, router, writes
 from .auth import bearer, require_read
@@ -40,6 +42,23 @@ def secure_reads(schema: dict[str, Any], routes: Sequence[BaseRoute]) -> None:
             continue
         for method in route.methods:
             schema["paths"][route.path_format][method.lower()]["security"] = [{name: []}]
+
+
+class TrustedHosts:
+    """Starlette's ``TrustedHostMiddleware`` with the settings' ``trusted_hosts`` (none: any Host),
+    read at the first request, so importing the app reads no settings. Refusing other Host names
+    stops DNS rebinding against an API bound to loopback."""
+
+    def __init__(self, app: ASGIApp, settings_of: Callable[[], Settings]) -> None:
+        self.app = app
+        self.settings_of = settings_of
+        self.inner: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.inner is None:
+            hosts = self.settings_of().trusted_host_list
+            self.inner = TrustedHostMiddleware(self.app, allowed_hosts=hosts) if hosts else self.app
+        await self.inner(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -73,6 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 continue
             parts.append(f"{'.'.join(loc)}: {e.get('msg')}")
         return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+    app.add_middleware(TrustedHosts, settings_of=lambda: settings or get_settings())
 
     app.include_router(router)
     # Mutations first: ``POST /batches/{id:path}/replay`` must precede ``GET /batches/{id:path}``,

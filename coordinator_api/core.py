@@ -39,9 +39,10 @@ class Core:
         live = Live(settings.admin_url, token=token, timeout=settings.admin_timeout_s)
         auth = AuthenticationToken(token) if token else None
         client = AsyncClient(settings.service_url, authentication=auth)
-        core = cls(settings, engine, live, client, ReplayService(engine, client))
+        core = cls(settings, engine, live, client, ReplayService(engine, client, settings.job_registry))
         if settings.project:
             core.projector = Projector(engine, client, live, topics=settings.ledger_topic_list,
+                                       namespaces=settings.discover_namespace_list,
                                        chunk=settings.projection_batch,
                                        discover_interval_s=settings.discover_interval_s,
                                        resolve_after_ms=settings.resolve_after_ms)

@@ -5,6 +5,13 @@ projection inserts with "on conflict do nothing", so reading a record twice chan
 ``batches`` and ``transactions`` are recomputed from the stored records of the batches and
 transactions a chunk touched, so they never count anything twice either.
 ``projection_positions`` is updated in the same database transaction as the records.
+``batches`` and ``replays`` are keyed by (ledger topic, batch id): a record in one ledger topic
+never changes a batch of another. ``quarantine`` keeps the messages of a ledger topic that are
+not valid records (or could not be stored), raw and bounded, with the reason.
+
+Databases made by older versions are upgraded at start-up (:func:`upgrade`): missing indexes are
+created, ``batches`` (derived from ``ledger_records``) is rebuilt with its new key, and
+``replays`` is copied into its new shape. Start one replica first after an upgrade.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from sqlalchemy import (
     Engine,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -25,6 +33,7 @@ from sqlalchemy import (
     create_engine,
     event,
     inspect,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
@@ -58,6 +67,7 @@ Index("ix_records_txn", ledger_records.c.txn_id)
 
 batches = Table(
     "batches", metadata,
+    Column("ledger_topic", String(512), primary_key=True),
     Column("batch_id", String(512), primary_key=True),
     Column("job", String(256), nullable=False),
     Column("status", String(16), nullable=False),
@@ -69,7 +79,6 @@ batches = Table(
     Column("ended_at_ms", BigInteger),
     Column("duration_ms", BigInteger),
     Column("error", Text),
-    Column("ledger_topic", String(512), nullable=False),
     Column("parked_topic", String(512)),
     Column("updated_at_ms", BigInteger, nullable=False),
 )
@@ -129,7 +138,7 @@ projection_positions = Table(
 replays = Table(
     "replays", metadata,
     Column("replay_id", String(64), primary_key=True),
-    Column("batch_id", String(512), nullable=False, unique=True),
+    Column("batch_id", String(512), nullable=False),
     Column("ledger_topic", String(512), nullable=False),
     Column("status", String(16), nullable=False),
     Column("requested_at_ms", BigInteger, nullable=False),
@@ -139,16 +148,38 @@ replays = Table(
     Column("messages", Integer),
     Column("message", Text),
     Column("runs", Integer, nullable=False, default=0),
+    #: How often a start-up found it ``running`` (a process died during it) and resumed it.
+    Column("resumes", Integer, nullable=False, default=0),
+    UniqueConstraint("ledger_topic", "batch_id", name="uq_replays_batch"),
 )
+
+#: Bytes of a quarantined message that are kept (its full size is in ``size``).
+QUARANTINE_RAW_BYTES = 64 * 1024
+
+quarantine = Table(
+    "quarantine", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("topic", String(512), nullable=False),
+    Column("msg_ledger", BigInteger, nullable=False),
+    Column("msg_entry", BigInteger, nullable=False),
+    Column("msg_partition", Integer, nullable=False),
+    Column("msg_batch", Integer, nullable=False),
+    Column("publish_ms", BigInteger, nullable=False),
+    Column("reason", String(1024), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("raw", LargeBinary, nullable=False),
+    Column("quarantined_at_ms", BigInteger, nullable=False),
+    UniqueConstraint("topic", "msg_ledger", "msg_entry", "msg_partition", "msg_batch", name="uq_quarantine_position"),
+)
+Index("ix_quarantine_topic", quarantine.c.topic, quarantine.c.id)
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout.
-
-    Indexes are also created on tables that already exist (``CREATE INDEX IF NOT EXISTS``), so a
-    database made by an older version gets the indexes added since."""
+    """An engine for ``url`` with the schema created (and upgraded, see :func:`upgrade`); SQLite
+    gets WAL and a busy timeout. SQL parameters never appear in errors (``hide_parameters``):
+    they hold ledger records."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -157,10 +188,38 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, hide_parameters=True)
     metadata.create_all(engine)
+    upgrade(engine)
     create_indexes(engine)
     return engine
+
+
+def upgrade(engine: Engine) -> list[str]:
+    """Bring tables made by an older version to this schema; returns the tables changed.
+
+    - ``batches`` keyed by batch id alone: dropped, created with the (ledger topic, batch id) key
+      and rebuilt from ``ledger_records`` (it is derived from them).
+    - ``replays`` unique by batch id, without ``resumes``: its rows are copied into the new shape."""
+    insp = inspect(engine)
+    changed = []
+    if set(insp.get_pk_constraint("batches")["constrained_columns"]) != {"ledger_topic", "batch_id"}:
+        from .projection import rebuild_batches  # the projection computes batch rows
+
+        with engine.begin() as conn:
+            batches.drop(conn)
+            batches.create(conn)
+            rebuild_batches(conn)
+        changed.append("batches")
+    if "resumes" not in {c["name"] for c in insp.get_columns("replays")}:
+        with engine.begin() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM replays")).all()]
+            replays.drop(conn)
+            replays.create(conn)
+            if rows:
+                conn.execute(replays.insert(), [{**r, "resumes": 0} for r in rows])
+        changed.append("replays")
+    return changed
 
 
 def create_indexes(engine: Engine) -> None:

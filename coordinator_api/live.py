@@ -74,15 +74,15 @@ class Live:
         sub = urllib.parse.quote(subscription, safe="")
         return self._get(f"/admin/v3/transactions/pendingAckStats/{_topic_path(topic)}/{sub}", ok_missing=True)
 
-    def ledger_topics(self) -> list[str]:
-        """Every persistent topic named ``pulsar-txn-ledger`` in every non-system namespace."""
+    def ledger_topics(self, namespaces: list[str]) -> list[str]:
+        """The persistent topics named ``pulsar-txn-ledger`` in ``namespaces`` (``tenant/namespace``)."""
         found: list[str] = []
-        for tenant in self._get("/admin/v2/tenants") or []:
-            if tenant == "pulsar":
-                continue
-            for ns in self._get(f"/admin/v2/namespaces/{urllib.parse.quote(tenant)}", ok_missing=True) or []:
-                topics = self._get(f"/admin/v2/persistent/{ns}", ok_missing=True) or []
-                found.extend(t for t in topics if t.rsplit("/", 1)[-1] == LEDGER_TOPIC_NAME)
+        for ns in namespaces:
+            tenant, _, name = ns.partition("/")
+            path = f"{urllib.parse.quote(tenant, safe='')}/{urllib.parse.quote(name, safe='')}"
+            topics = self._get(f"/admin/v2/persistent/{path}", ok_missing=True) or []
+            found.extend(t for t in topics if isinstance(t, str) and t.rsplit("/", 1)[-1] == LEDGER_TOPIC_NAME
+                         and t.startswith(f"persistent://{ns}/"))
         return sorted(set(found))
 
 

@@ -32,6 +32,7 @@ class StateCollector(Collector):
             by_state = queries.count_by(conn, "transactions", "state")
             by_status = queries.count_by(conn, "batches", "status")
             reps = queries.count_by(conn, "replays", "status")
+            quarantined = queries.count_by(conn, "quarantine", "topic")
             cum, count, total_ms = queries.latency_histogram(conn, [b * 1000 for b in LATENCY_BOUNDS_S])
         g = GaugeMetricFamily("pulsar_txn_transactions", "Transactions in the ledger by state", labels=["state"])
         for s in TXN_STATES:
@@ -44,6 +45,12 @@ class StateCollector(Collector):
         g = GaugeMetricFamily("pulsar_txn_replays", "Replays requested over REST by status", labels=["status"])
         for s in REPLAY_STATUSES:
             g.add_metric([s], reps.get(s, 0))
+        yield g
+        g = GaugeMetricFamily("pulsar_txn_quarantined_records",
+                              "Ledger messages quarantined by the projection (invalid, or refused by the database)",
+                              labels=["topic"])
+        for topic, n in sorted(quarantined.items()):
+            g.add_metric([topic], n)
         yield g
         h = HistogramMetricFamily("pulsar_txn_commit_latency_seconds",
                                   "Open-to-commit time of committed transactions")

@@ -167,7 +167,8 @@ class TopicProjection(BaseModel):
 
     topic: str
     records: int
-    skipped: int
+    skipped: int = Field(description="messages quarantined by this process (same as quarantined)")
+    quarantined: int = Field(description="messages of the topic quarantined by this process")
     position: str | None
     last_applied_ms: int | None
     error: str | None
@@ -180,6 +181,35 @@ class Health(BaseModel):
     broker: Component
     database: Component
     projection: list[TopicProjection]
+
+
+class Alive(BaseModel):
+    """The process answers (nothing else is checked)."""
+
+    status: Literal["alive"]
+
+
+class Ready(BaseModel):
+    """Whether the database and the broker answer (503 if either does not)."""
+
+    status: Literal["ready", "not ready"]
+    database: bool
+    broker: bool
+
+
+class Quarantined(BaseModel):
+    """A ledger message that is not a valid record, or that the database refused: kept raw (its
+    first 64 KiB, decoded as UTF-8 with invalid bytes escaped) with the reason."""
+
+    id: int
+    topic: str
+    message_id: str
+    publish_ms: int
+    reason: str
+    size: int = Field(description="bytes of the message")
+    raw: str
+    raw_truncated: bool
+    quarantined_at_ms: int
 
 
 class TimePoint(BaseModel):

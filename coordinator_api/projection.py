@@ -5,6 +5,11 @@ Each ledger topic is tailed by a Reader that starts just after the position stor
 records (unique by topic + message id, so a record read twice is ignored), the recomputed
 ``batches`` and ``transactions`` rows they touch, and the new position. A crash between
 chunks re-reads at most the last chunk, and re-reading changes nothing.
+
+A message that is not a valid record (:meth:`LedgerRecord.from_json` checks types and bounds,
+and size and nesting before parsing), or a record the database refuses, is quarantined: kept
+raw (bounded) with the reason in ``quarantine``, and the projection moves past it. A batch's or a
+transaction's row is computed from the records of its own ledger topic only.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError, StatementError
 
 from txn.client import AsyncClient
 from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, now_ms
@@ -25,6 +31,7 @@ from txn.message import EARLIEST, Message, MessageId
 
 from . import db
 from .live import Live
+from .sanitize import describe
 
 log = logging.getLogger("coordinator_api.projection")
 
@@ -38,7 +45,8 @@ class TopicStatus:
 
     topic: str
     records: int = 0
-    skipped: int = 0
+    skipped: int = 0  # quarantined by this process (the name of older versions)
+    quarantined: int = 0
     position: str | None = None
     last_applied_ms: int | None = None
     error: str | None = None
@@ -46,21 +54,25 @@ class TopicStatus:
 
 @dataclass(slots=True)
 class Entry:
-    """One ledger message: its position, publish time and record (None if unreadable)."""
+    """One ledger message: its position, publish time and record (None if invalid, with ``reason``)."""
 
     msg_id: MessageId
     publish_ms: int
     record: LedgerRecord | None
     raw: bytes = b""
+    reason: str | None = None
 
 
 def entry_of(m: Message) -> Entry:
-    """Parse a ledger message (records of other schemas become ``record=None``)."""
+    """Parse a ledger message; an invalid one gets ``record=None`` and the reason."""
+    raw = m.data()
     try:
-        rec: LedgerRecord | None = LedgerRecord.from_json(m.data())
-    except LedgerSchemaError:
-        rec = None
-    return Entry(m.message_id(), m.publish_timestamp(), rec, m.data())
+        return Entry(m.message_id(), m.publish_timestamp(), LedgerRecord.from_json(raw), raw)
+    except LedgerSchemaError as exc:
+        reason = str(exc)
+    except Exception as exc:  # noqa: BLE001 - whatever a hostile record does, it is quarantined
+        reason = f"unreadable record ({type(exc).__name__})"
+    return Entry(m.message_id(), m.publish_timestamp(), None, raw, reason)
 
 
 def _pos(mid: MessageId) -> dict[str, int]:
@@ -77,26 +89,45 @@ def load_position(engine: Engine, topic: str) -> MessageId | None:
     return MessageId(row.msg_ledger, row.msg_entry, row.msg_partition, row.msg_batch)
 
 
-def apply_chunk(engine: Engine, topic: str, entries: list[Entry]) -> tuple[int, int]:
-    """Apply ``entries`` (in topic order) in one database transaction; returns (new, skipped)."""
-    if not entries:
-        return 0, 0
-    rows = []
-    skipped = 0
-    for e in entries:
-        r = e.record
-        if r is None:
-            skipped += 1
-            continue
-        rows.append({
-            "topic": topic, **_pos(e.msg_id), "kind": r.kind, "job": r.job, "batch_id": r.batch_id,
-            "txn_id": r.txn_id, "attempt": r.attempt, "started_at_ms": r.started_at_ms or e.publish_ms,
-            "ended_at_ms": r.ended_at_ms, "publish_ms": e.publish_ms, "error": r.error,
-            "record": r.to_json().decode(),
-        })
+def _record_row(topic: str, e: Entry) -> dict[str, Any]:
+    r = e.record
+    assert r is not None
+    return {
+        "topic": topic, **_pos(e.msg_id), "kind": r.kind, "job": r.job, "batch_id": r.batch_id,
+        "txn_id": r.txn_id, "attempt": r.attempt, "started_at_ms": r.started_at_ms or e.publish_ms,
+        "ended_at_ms": r.ended_at_ms, "publish_ms": e.publish_ms, "error": r.error,
+        "record": r.to_json().decode(),
+    }
+
+
+def _quarantine_row(topic: str, e: Entry, reason: str) -> dict[str, Any]:
+    return {"topic": topic, **_pos(e.msg_id), "publish_ms": e.publish_ms, "reason": reason[:1024],
+            "size": len(e.raw), "raw": e.raw[:db.QUARANTINE_RAW_BYTES], "quarantined_at_ms": now_ms()}
+
+
+def is_record_fault(exc: BaseException) -> bool:
+    """Whether the database refused a record for what it holds (too long, out of range, bad
+    text...), as opposed to being unreachable or busy."""
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError)):
+        return False
+    if isinstance(exc, DBAPIError):
+        return not exc.connection_invalidated
+    return isinstance(exc, (StatementError, ValueError, TypeError, OverflowError, UnicodeError, LedgerSchemaError))
+
+
+def _apply(engine: Engine, topic: str, entries: list[Entry], refused: dict[int, str]) -> tuple[int, int]:
+    """One database transaction: the valid records, the quarantined ones (invalid, or in
+    ``refused``: index -> reason), the rows they touch and the new position."""
+    rows, bad = [], []
+    for i, e in enumerate(entries):
+        if e.record is None or i in refused:
+            bad.append(_quarantine_row(topic, e, e.reason or refused[i]))
+        else:
+            rows.append(_record_row(topic, e))
     last = entries[-1].msg_id
     with engine.begin() as conn:
         new = db.insert_ignore(conn, db.ledger_records, rows)
+        quarantined = db.insert_ignore(conn, db.quarantine, bad)
         recompute(conn, topic, {r["batch_id"] for r in rows}, {r["txn_id"] for r in rows if r["txn_id"]})
         cur = conn.execute(select(db.projection_positions).where(db.projection_positions.c.topic == topic)).first()
         cur_id = None if cur is None else MessageId(cur.msg_ledger, cur.msg_entry, cur.msg_partition, cur.msg_batch)
@@ -105,18 +136,51 @@ def apply_chunk(engine: Engine, topic: str, entries: list[Entry]) -> tuple[int, 
                 "topic": topic, **_pos(last), "records": (cur.records if cur else 0) + new,
                 "updated_at_ms": now_ms(),
             }], ["topic"])
-    return new, skipped
+    return new, quarantined
 
 
-def _records_by(conn: Connection, column: Any, values: set[str]) -> dict[str, list[tuple[LedgerRecord, Any]]]:
-    """Stored records whose ``column`` is one of ``values``, grouped by it, oldest first."""
+def apply_chunk(engine: Engine, topic: str, entries: list[Entry]) -> tuple[int, int]:
+    """Apply ``entries`` (in topic order); returns (new records, newly quarantined).
+
+    One database transaction for the chunk; if the database refuses it for a record's content, the
+    entries are applied one by one and each refused record is quarantined with the reason. Errors
+    that are not a record's (the database is down) are raised: the caller retries the chunk."""
+    if not entries:
+        return 0, 0
+    try:
+        return _apply(engine, topic, entries, {})
+    except Exception as exc:  # noqa: BLE001 - sorted below
+        if not is_record_fault(exc):
+            raise
+    new = quarantined = 0
+    for e in entries:
+        try:
+            n, q = _apply(engine, topic, [e], {})
+        except Exception as exc:  # noqa: BLE001
+            if not is_record_fault(exc):
+                raise
+            log.warning("ledger record at %s of %s quarantined: %s", e.msg_id, topic, describe(exc))
+            n, q = _apply(engine, topic, [e], {0: f"the database refused the record: {describe(exc)}"})
+        new += n
+        quarantined += q
+    return new, quarantined
+
+
+def _records_by(conn: Connection, column: Any, values: set[str],
+                topic: str) -> dict[str, list[tuple[LedgerRecord, Any]]]:
+    """Stored records of ``topic`` whose ``column`` is one of ``values``, grouped by it, oldest first."""
     t = db.ledger_records
     out: dict[str, list[tuple[LedgerRecord, Any]]] = {}
     ordered = sorted(values)
     for i in range(0, len(ordered), 500):  # bounded IN lists
-        rows = conn.execute(select(t).where(column.in_(ordered[i:i + 500])).order_by(t.c.id)).all()
+        rows = conn.execute(select(t).where(t.c.topic == topic).where(column.in_(ordered[i:i + 500]))
+                            .order_by(t.c.id)).all()
         for row in rows:
-            out.setdefault(getattr(row, column.name), []).append((LedgerRecord.from_json(row.record), row))
+            try:
+                rec = LedgerRecord.from_json(row.record)
+            except LedgerSchemaError:  # stored by an older, laxer version: left out of the view
+                continue
+            out.setdefault(getattr(row, column.name), []).append((rec, row))
     return out
 
 
@@ -126,21 +190,40 @@ def is_stream_placeholder(rec: LedgerRecord) -> bool:
 
 
 def recompute(conn: Connection, topic: str, batch_ids: Iterable[str], txn_ids: Iterable[str]) -> None:
-    """Rebuild the ``batches`` and ``transactions`` rows of the given ids from their records."""
-    by_batch = _records_by(conn, db.ledger_records.c.batch_id, set(batch_ids))
+    """Rebuild the ``batches`` and ``transactions`` rows of the given ids from the records of ``topic``.
+
+    A transaction's row belongs to the ledger topic that first showed it: records in another
+    ledger topic with the same transaction id do not change it."""
+    by_batch = _records_by(conn, db.ledger_records.c.batch_id, set(batch_ids), topic)
     batch_rows = []
     for batch_id in sorted(by_batch):
         recs = [(r, row) for r, row in by_batch[batch_id] if not is_stream_placeholder(r)]
         if recs:
             batch_rows.append(_batch_row(topic, recs))
-    db.upsert(conn, db.batches, batch_rows, ["batch_id"])
+    db.upsert(conn, db.batches, batch_rows, ["ledger_topic", "batch_id"])
     tids = set(txn_ids)
-    by_txn = _records_by(conn, db.ledger_records.c.txn_id, tids)
+    if not tids:
+        return
+    t = db.transactions
+    others = set(conn.execute(select(t.c.txn_id).where(t.c.txn_id.in_(sorted(tids)))
+                              .where(t.c.ledger_topic != topic)).scalars().all())
+    tids -= others
+    by_txn = _records_by(conn, db.ledger_records.c.txn_id, tids, topic)
     res = db.txn_resolutions
     resolutions = {r.txn_id: r for r in conn.execute(select(res).where(res.c.txn_id.in_(sorted(tids)))).all()} \
         if tids else {}
     db.upsert(conn, db.transactions, [_txn_row(topic, by_txn[t], resolutions.get(t)) for t in sorted(by_txn)],
               ["txn_id"])
+
+
+def rebuild_batches(conn: Connection) -> int:
+    """Recompute every ``batches`` row from the stored records (schema upgrade); returns how many topics."""
+    t = db.ledger_records
+    topics = conn.execute(select(t.c.topic).distinct()).scalars().all()
+    for topic in topics:
+        ids = set(conn.execute(select(t.c.batch_id).where(t.c.topic == topic).distinct()).scalars().all())
+        recompute(conn, topic, ids, [])
+    return len(topics)
 
 
 def batch_status(recs: list[LedgerRecord]) -> LedgerRecord:
@@ -218,7 +301,8 @@ class Projector:
     engine: Engine
     client: AsyncClient
     live: Live
-    topics: list[str] = field(default_factory=list)  # fixed list; empty = discover
+    topics: list[str] = field(default_factory=list)  # fixed list
+    namespaces: list[str] = field(default_factory=list)  # discover ledger topics in these; empty: no discovery
     chunk: int = 500
     discover_interval_s: float = 10.0
     resolve_after_ms: int = 15_000
@@ -245,15 +329,14 @@ class Projector:
             self._tasks[topic] = asyncio.create_task(self._tail(topic), name=f"projection {topic}")
 
     async def _discover_loop(self) -> None:
-        while True:
+        for topic in self.topics:
+            self.follow(topic)
+        while self.namespaces:
             try:
-                found = self.topics or await asyncio.to_thread(self.live.ledger_topics)
-                for topic in found:
+                for topic in await asyncio.to_thread(self.live.ledger_topics, self.namespaces):
                     self.follow(topic)
             except Exception as exc:  # noqa: BLE001 - keep looking; the error shows in /health
-                log.warning("ledger topic discovery failed: %s", exc)
-            if self.topics:
-                return
+                log.warning("ledger topic discovery failed: %s", describe(exc))
             await asyncio.sleep(self.discover_interval_s)
 
     async def _tail(self, topic: str) -> None:
@@ -271,7 +354,7 @@ class Projector:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect and resume from the stored position
-                st.error = f"{type(exc).__name__}: {exc}"
+                st.error = describe(exc)
                 log.warning("projection of %s: %s; resuming in %.1fs", topic, st.error, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -286,9 +369,14 @@ class Projector:
             except Timeout:
                 pass
             if entries:
-                new, skipped = await asyncio.to_thread(apply_chunk, self.engine, topic, entries)
+                new, quarantined = await asyncio.to_thread(apply_chunk, self.engine, topic, entries)
+                if quarantined:
+                    log.warning("projection of %s: %d message(s) quarantined (see GET /quarantine)", topic,
+                                quarantined)
                 st.records += new
-                st.skipped += skipped
+                st.skipped += quarantined
+                st.quarantined += quarantined
+                st.error = None
                 st.position = str(entries[-1].msg_id)
                 st.last_applied_ms = now_ms()
 
@@ -298,7 +386,7 @@ class Projector:
             try:
                 await asyncio.to_thread(self.resolve_vanished)
             except Exception as exc:  # noqa: BLE001
-                log.warning("resolving open transactions failed: %s", exc)
+                log.warning("resolving open transactions failed: %s", describe(exc))
 
     def resolve_vanished(self, limit: int = 200) -> int:
         """Mark ledger-OPEN transactions that the coordinator no longer knows as ABORTED.

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import Engine, Integer, Select, bindparam, case, func, literal_column, select, union_all
 from sqlalchemy.engine import Connection
 
+from txn.message import MessageId
+
 from . import db
 
 #: A job's commit-latency percentiles cover its latest this many commits.
@@ -75,10 +77,16 @@ def list_transactions(engine: Engine, state: str | None, job: str | None, since_
 
 
 _TXN_BY_ID = select(_t).where(_t.c.txn_id == bindparam("txn_id"))
-_BATCH_BY_ID = select(_b).where(_b.c.batch_id == bindparam("batch_id"))
-_RECORDS = {col: select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c[col] == bindparam("id")).order_by(_r.c.id)
-            for col in ("txn_id", "batch_id")}
+#: A batch id's rows (one per ledger topic holding it; ordered, so an ambiguous id lists its topics
+#: the same way every time), and the row of one (ledger topic, batch id).
+_BATCHES_BY_ID = select(_b).where(_b.c.batch_id == bindparam("batch_id")).order_by(_b.c.ledger_topic).limit(20)
+_BATCH_BY_KEY = _BATCHES_BY_ID.where(_b.c.ledger_topic == bindparam("ledger_topic"))
+_RECORDS = {"txn_id": select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c.txn_id == bindparam("id"))
+            .order_by(_r.c.id),
+            "batch_id": select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c.batch_id == bindparam("id"))
+            .where(_r.c.topic == bindparam("topic")).order_by(_r.c.id)}
 _REPLAYS_OF = select(_rep).where(_rep.c.batch_id.in_(bindparam("ids", expanding=True)))
+_REPLAY_FIELDS = [c.name for c in _rep.columns if c.name != "resumes"]
 
 
 def get_transaction(engine: Engine, txn_id: str) -> dict[str, Any] | None:
@@ -87,12 +95,13 @@ def get_transaction(engine: Engine, txn_id: str) -> dict[str, Any] | None:
         return _one(conn.execute(_TXN_BY_ID, {"txn_id": txn_id}))
 
 
-def _records(conn: Connection, column: str, value: str) -> list[dict[str, Any]]:
-    """Ledger records whose ``column`` (``txn_id`` or ``batch_id``) is ``value``, oldest first, as JSON objects."""
+def _records(conn: Connection, column: str, value: str, topic: str | None = None) -> list[dict[str, Any]]:
+    """Ledger records whose ``column`` (``txn_id``, or ``batch_id`` in ledger ``topic``) is ``value``,
+    oldest first, as JSON objects."""
     out = []
-    for rec, topic, publish_ms in conn.execute(_RECORDS[column], {"id": value}).all():
+    for rec, rec_topic, publish_ms in conn.execute(_RECORDS[column], {"id": value, "topic": topic}).all():
         d = json.loads(rec)
-        d["ledger_topic"] = topic
+        d["ledger_topic"] = rec_topic
         d["publish_ms"] = publish_ms
         out.append(d)
     return out
@@ -105,12 +114,13 @@ def transaction_detail(engine: Engine, txn_id: str) -> tuple[dict[str, Any] | No
 
 
 def _with_replays(conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    ids = [r["batch_id"] for r in rows]
+    ids = sorted({r["batch_id"] for r in rows})
     if not ids:
         return rows
-    reps = {r["batch_id"]: r for r in _dicts(conn.execute(_REPLAYS_OF, {"ids": ids}))}
+    reps = {(r["ledger_topic"], r["batch_id"]): {k: r[k] for k in _REPLAY_FIELDS}
+            for r in _dicts(conn.execute(_REPLAYS_OF, {"ids": ids}))}
     for r in rows:
-        r["replay"] = reps.get(r["batch_id"])
+        r["replay"] = reps.get((r["ledger_topic"], r["batch_id"]))
     return rows
 
 
@@ -132,22 +142,43 @@ def list_batches(engine: Engine, job: str | None, status: str | None, limit: int
         return _list_batches(conn, job, status, limit, offset)
 
 
-def get_batch(engine: Engine, batch_id: str) -> dict[str, Any] | None:
-    """One batch row with its replay."""
-    with engine.connect() as conn:
-        row = _one(conn.execute(_BATCH_BY_ID, {"batch_id": batch_id}))
-        return None if row is None else _with_replays(conn, [row])[0]
+def _batches(conn: Connection, batch_id: str, ledger_topic: str | None) -> list[dict[str, Any]]:
+    if ledger_topic is None:
+        return _dicts(conn.execute(_BATCHES_BY_ID, {"batch_id": batch_id}))
+    return _dicts(conn.execute(_BATCH_BY_KEY, {"batch_id": batch_id, "ledger_topic": ledger_topic}))
 
 
-def batch_detail(engine: Engine, batch_id: str) -> dict[str, Any] | None:
-    """One batch row with its replay and its ledger records (``records``, oldest first), or None."""
+def get_batches(engine: Engine, batch_id: str, ledger_topic: str | None = None) -> list[dict[str, Any]]:
+    """The rows of ``batch_id`` (in ``ledger_topic``, or in every ledger topic, up to 20), with their replays."""
     with engine.connect() as conn:
-        row = _one(conn.execute(_BATCH_BY_ID, {"batch_id": batch_id}))
-        if row is None:
-            return None
-        out = _with_replays(conn, [row])[0]
-        out["records"] = _records(conn, "batch_id", batch_id)
-    return out
+        return _with_replays(conn, _batches(conn, batch_id, ledger_topic))
+
+
+def batch_detail(engine: Engine, batch_id: str, ledger_topic: str | None = None) -> list[dict[str, Any]]:
+    """:func:`get_batches`, each with its ledger records (``records``, oldest first)."""
+    with engine.connect() as conn:
+        rows = _with_replays(conn, _batches(conn, batch_id, ledger_topic))
+        for row in rows[:1] if len(rows) == 1 else []:
+            row["records"] = _records(conn, "batch_id", batch_id, row["ledger_topic"])
+    return rows
+
+
+def list_quarantine(engine: Engine, topic: str | None, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Quarantined ledger messages, newest first (optionally of one ledger topic)."""
+    q = db.quarantine
+    stmt = select(q)
+    if topic:
+        stmt = stmt.where(q.c.topic == topic)
+    with engine.connect() as conn:
+        total = conn.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+        rows = _dicts(conn.execute(stmt.order_by(q.c.id.desc()).limit(limit).offset(offset)))
+    for r in rows:
+        raw = r.pop("raw")
+        r["raw"] = bytes(raw).decode("utf-8", "backslashreplace")
+        r["raw_truncated"] = len(raw) < r["size"]
+        r["message_id"] = str(MessageId(r.pop("msg_ledger"), r.pop("msg_entry"), r.pop("msg_partition"),
+                                        r.pop("msg_batch")))
+    return rows, total
 
 
 def _percentile(counts: list[tuple[int, int]], q: float) -> float | None:

@@ -1,13 +1,106 @@
-"""Settings of the control plane, read from ``PULSAR_TXN_*`` environment variables."""
+"""Settings of the control plane, read from ``PULSAR_TXN_*`` environment variables.
+
+The job registry (``PULSAR_TXN_JOBS``, a JSON object, or ``PULSAR_TXN_JOBS_FILE``, a ``.json`` or
+``.toml`` file holding the same object; both may be given, names must not repeat) says which jobs
+the control plane may replay, with which code and into which topics::
+
+    {"orders/enrich": {"handler": "mypkg.handlers:enrich",
+                       "output": "persistent://shop/orders/enriched",
+                       "outputs": ["persistent://shop/orders/audit"],
+                       "parked_topics": ["persistent://shop/orders/in-parked"]},
+     "spark/counts": {"transform": "mypkg.jobs:counts", "output": "persistent://a/b/counts",
+                      "parked_topics": ["persistent://a/b/in-parked"]}}
+
+A ledger record only names its job: the code, the output topic and the parking topics come from
+here. A batch of a job that is not registered is not replayed.
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
+import json
+import tomllib
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from txn.topic import parse_topic
+
 DEFAULT_DATABASE_URL = "sqlite:///pulsar-txn-api.db"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _topic(v: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("a topic name is required")
+    return str(parse_topic(v.strip()))
+
+
+class JobSpec(BaseModel):
+    """One replayable job: its code (a per-message ``handler`` or a Spark ``transform``, each a
+    ``module:function``), its default ``output`` topic, other topics its code may write to
+    (``outputs``), and the parking topics its batches may come from (``parked_topics``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    handler: str | None = Field(None, description="module:function, called per parked message")
+    transform: str | None = Field(None, description="module:function, a Spark DataFrame transform")
+    output: str = Field(description="output topic of outputs that name none")
+    outputs: tuple[str, ...] = Field((), description="further topics the code may write to")
+    parked_topics: tuple[str, ...] = Field(min_length=1, description="parking topics of the job's batches")
+
+    @field_validator("handler", "transform")
+    @classmethod
+    def _spec(cls, v: str | None) -> str | None:
+        if v is not None and (":" not in v or not all(v.split(":", 1))):
+            raise ValueError("must be module:function")
+        return v
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, v: str) -> str:
+        return _topic(v)
+
+    @field_validator("outputs", "parked_topics")
+    @classmethod
+    def _topics(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_topic(t) for t in v)
+
+    @model_validator(mode="after")
+    def _one_code(self) -> JobSpec:
+        if (self.handler is None) == (self.transform is None):
+            raise ValueError("give exactly one of handler and transform")
+        return self
+
+    @property
+    def allowed_outputs(self) -> frozenset[str]:
+        """Every topic the job's code may write to."""
+        return frozenset((self.output, *self.outputs))
+
+
+def parse_jobs(data: Any, source: str) -> dict[str, JobSpec]:
+    """The registry in ``data`` (job name -> spec); ValueError naming ``source`` if malformed."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: the job registry must be an object of job name -> job spec")
+    out = {}
+    for name, spec in data.items():
+        if not isinstance(name, str) or not 1 <= len(name) <= 256:
+            raise ValueError(f"{source}: a job name must be a string of 1..256 characters")
+        try:
+            out[name] = JobSpec.model_validate(spec)
+        except ValueError as exc:
+            raise ValueError(f"{source}: job {name!r}: {exc}") from None
+    return out
+
+
+def load_jobs_file(path: str) -> dict[str, JobSpec]:
+    """The registry in a ``.json`` or ``.toml`` file."""
+    p = Path(path)
+    raw = p.read_bytes()
+    data = tomllib.loads(raw.decode()) if p.suffix == ".toml" else json.loads(raw)
+    return parse_jobs(data, str(p))
 
 
 class Settings(BaseSettings):
@@ -21,9 +114,10 @@ class Settings(BaseSettings):
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL: an SQLite file or PostgreSQL")
     #: Comma-separated bearer tokens. Mutating endpoints are refused while this is empty.
     api_token: str = Field("", description="bearer token(s) for the API, comma-separated")
-    read_requires_token: bool = Field(False, description="also require the token for reads")
-    #: Ledger topics to project; empty means: discover every ``pulsar-txn-ledger`` topic.
-    ledger_topics: str = Field("", description="comma-separated ledger topics (empty: discover)")
+    read_requires_token: bool = Field(False, description="also require the token for reads (all but /livez)")
+    #: Ledger topics to project. Discovery is off unless namespaces are named in ``discover_namespaces``.
+    ledger_topics: str = Field("", description="comma-separated ledger topics")
+    discover_namespaces: str = Field("", description="comma-separated tenant/namespace to discover ledger topics in")
     discover_interval_s: float = Field(10.0, gt=0, description="how often to look for new ledger topics")
     projection_batch: int = Field(500, ge=1, le=5000, description="ledger records per database transaction")
     project: bool = Field(True, description="run the ledger projection in this process")
@@ -31,6 +125,11 @@ class Settings(BaseSettings):
     #: A ledger-OPEN transaction the coordinator no longer knows, older than this, is marked aborted.
     resolve_after_ms: int = Field(15_000, ge=0, description="grace before resolving vanished open transactions")
     admin_timeout_s: float = Field(10.0, gt=0, description="timeout of admin REST calls")
+    jobs: str = Field("", description="job registry: a JSON object of job name -> spec (see the module docs)")
+    jobs_file: str = Field("", description="job registry file (.json or .toml)")
+    #: Host headers accepted (Starlette's TrustedHostMiddleware); empty: any. ``pulsar-txn api``
+    #: sets the loopback names when it binds a loopback address and this is not set.
+    trusted_hosts: str = Field("", description="comma-separated accepted Host names ('*' for any)")
 
     @field_validator("service_url")
     @classmethod
@@ -46,15 +145,53 @@ class Settings(BaseSettings):
             raise ValueError("admin_url must start with http:// or https://")
         return v.rstrip("/")
 
+    @field_validator("discover_namespaces")
+    @classmethod
+    def _check_namespaces(cls, v: str) -> str:
+        for ns in _split(v):
+            if ns.count("/") != 1 or not all(ns.split("/")):
+                raise ValueError(f"discover_namespaces: {ns!r} is not tenant/namespace")
+        return v
+
+    @model_validator(mode="after")
+    def _check_jobs(self) -> Settings:
+        _ = self.job_registry  # fail at start-up, not at the first replay
+        return self
+
     @property
     def tokens(self) -> list[str]:
         """The configured API tokens."""
-        return [t.strip() for t in self.api_token.split(",") if t.strip()]
+        return _split(self.api_token)
 
     @property
     def ledger_topic_list(self) -> list[str]:
-        """The configured ledger topics (empty: discover)."""
-        return [t.strip() for t in self.ledger_topics.split(",") if t.strip()]
+        """The configured ledger topics."""
+        return _split(self.ledger_topics)
+
+    @property
+    def discover_namespace_list(self) -> list[str]:
+        """Namespaces in which ledger topics are discovered (empty: no discovery)."""
+        return _split(self.discover_namespaces)
+
+    @property
+    def trusted_host_list(self) -> list[str]:
+        """Accepted Host names (empty: any)."""
+        return _split(self.trusted_hosts)
+
+    @cached_property
+    def job_registry(self) -> dict[str, JobSpec]:
+        """Job name -> spec, from ``jobs`` and ``jobs_file``."""
+        reg = parse_jobs(json.loads(self.jobs), "PULSAR_TXN_JOBS") if self.jobs.strip() else {}
+        if self.jobs_file:
+            for name, spec in load_jobs_file(self.jobs_file).items():
+                if name in reg:
+                    raise ValueError(f"job {name!r} is in both PULSAR_TXN_JOBS and {self.jobs_file}")
+                reg[name] = spec
+        return reg
+
+
+def _split(v: str) -> list[str]:
+    return [t.strip() for t in v.split(",") if t.strip()]
 
 
 @lru_cache(maxsize=1)

@@ -1,8 +1,9 @@
 """The control plane as a real uvicorn process on loopback, for tests.
 
 ``ApiServer(broker, db_url, ...)`` starts ``uvicorn coordinator_api.app:app`` in a child process
-with ``PULSAR_TXN_*`` settings, waits for ``/health``, and can be stopped or SIGKILLed and started
-again on the same port and database.
+with ``PULSAR_TXN_*`` settings, waits for ``/livez``, and can be stopped or SIGKILLed and started
+again on the same port and database. ``jobs`` is the job registry (``PULSAR_TXN_JOBS``); the
+``tests`` directory is on the child's ``PYTHONPATH``, so test modules can be named as handlers.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class ApiServer:
     """A uvicorn child process serving ``coordinator_api.app:app``."""
 
     def __init__(self, broker: Any, db_url: str, log: Path, *, ledger_topics: list[str] | None = None,
-                 token: str = TOKEN, extra_env: dict[str, str] | None = None, port: int | None = None) -> None:
+                 token: str = TOKEN, extra_env: dict[str, str] | None = None, port: int | None = None,
+                 jobs: dict[str, Any] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
@@ -38,12 +40,15 @@ class ApiServer:
             "PULSAR_TXN_SERVICE_URL": broker.service_url, "PULSAR_TXN_ADMIN_URL": broker.admin_url,
             "PULSAR_TXN_DATABASE_URL": db_url, "PULSAR_TXN_API_TOKEN": token,
             "PULSAR_TXN_DISCOVER_INTERVAL_S": "1", "PULSAR_TXN_LEDGER_TOPICS": ",".join(ledger_topics or []),
+            "PULSAR_TXN_JOBS": json.dumps(jobs or {}),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p),
         })
         self.env.update(extra_env or {})
+        self.reads_need_token = self.env.get("PULSAR_TXN_READ_REQUIRES_TOKEN", "").lower() in ("1", "true", "yes")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> ApiServer:
-        """Start and wait until ``/health`` answers."""
+        """Start and wait until ``/livez`` answers."""
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "coordinator_api.app:app", "--host", "127.0.0.1",
@@ -54,8 +59,8 @@ class ApiServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"API exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                status, _ = self.request("GET", "/health", timeout=2)
-                if status in (200, 503):
+                status, _ = self.request("GET", "/livez", timeout=2)
+                if status == 200:
                     return self
             except OSError:
                 pass
@@ -98,6 +103,7 @@ class ApiServer:
 
     def get(self, path: str, **kw: Any) -> Any:
         """GET and assert 200; returns the JSON."""
+        kw.setdefault("token", self.token if self.reads_need_token else None)
         status, body = self.request("GET", path, **kw)
         assert status == 200, (path, status, body)
         return body

@@ -42,9 +42,9 @@ BEARER = [{"HTTPBearer": []}]
 #: Every operation of the spec: (method, path) -> guarded by require_read / a mutation / open.
 READS = {("get", p) for p in ("/transactions", "/transactions/timeseries", "/transactions/{txn_id}", "/coordinators",
                               "/jobs", "/jobs/{job}", "/batches", "/batches/{batch_id}", "/replays/{replay_id}",
-                              "/metrics")}
+                              "/metrics", "/health", "/readyz", "/quarantine")}
 MUTATIONS = {("post", "/transactions/{txn_id}/abort"), ("post", "/batches/{batch_id}/replay")}
-OPEN = {("get", "/health")}
+OPEN = {("get", "/livez")}
 
 
 def seg(value: str) -> str:
@@ -120,7 +120,9 @@ def env(request: pytest.FixtureRequest, broker: Any, tmp_path_factory: pytest.Te
         url = f"sqlite:///{d}/api.db"
     else:
         url = request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1)
-    server = ApiServer(broker, url, d / "api.log", ledger_topics=[data.ledger],
+    jobs = {data.job: {"handler": "txn.examples.handlers:poison_while_flagged", "output": data.out,
+                       "parked_topics": [f"{data.inp}-parked"]}}
+    server = ApiServer(broker, url, d / "api.log", ledger_topics=[data.ledger], jobs=jobs,
                        extra_env={POISON_FLAG_ENV: str(data.flag)}).start()
     try:  # stop the server even when the set-up fails
         want = len(data.records)
@@ -337,7 +339,10 @@ def test_reads_can_require_the_token(broker: Any, tmp_path: Path) -> None:
         assert server.request("GET", "/jobs")[0] == 401
         assert server.request("GET", "/jobs", token="nope")[0] == 403
         assert server.request("GET", "/jobs", token=TOKEN) == (200, [])  # projection off: nothing projected
-        assert server.request("GET", "/health")[0] == 200  # health stays open for probes
+        for path in ("/health", "/readyz", "/quarantine"):  # everything but the bare liveness answer
+            assert server.request("GET", path)[0] == 401, path
+        assert server.request("GET", "/health", token=TOKEN)[0] == 200
+        assert server.request("GET", "/livez") == (200, {"status": "alive"})  # open for probes
     finally:
         server.stop()
 
@@ -374,7 +379,10 @@ def test_batch_ids_ending_in_the_replay_suffix(broker: Any, tmp_path: Path) -> N
             p.send(r.to_json(), partition_key=r.batch_id)
     finally:
         c.close()
-    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger]).start()
+    jobs = {job: {"handler": "txn.examples.handlers:upper", "output": f"persistent://{ns}/out",
+                  "parked_topics": [f"persistent://{ns}/in-parked"]}}
+    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                       jobs=jobs).start()
     try:
         server.wait_for(lambda: sum(p["records"] for p in server.get("/health")["projection"]) == len(recs))
         for path in ("/batches/e%2Freplay", "/batches/e/replay"):
@@ -397,10 +405,10 @@ def test_batch_ids_ending_in_the_replay_suffix(broker: Any, tmp_path: Path) -> N
         assert (status, rep["batch_id"]) == (202, "e/replay/replay"), rep
         rep = server.wait_for(lambda: (r := server.get(f"/replays/{rep['replay_id']}"))["status"] in
                               ("succeeded", "noop", "failed") and r, timeout=90)
-        # It ran on batch e/replay/replay, and failed: a hand-written record names no handler.
+        # It ran on batch e/replay/replay, and failed: a hand-written record has no parked message.
         assert (rep["batch_id"], rep["status"]) == ("e/replay/replay", "failed"), rep
-        assert rep["message"] == ("ReplayError: batch e/replay/replay: the job's handler is not importable; "
-                                  "pass one explicitly")
+        assert rep["message"] == ("ReplayError: batch e/replay/replay: its parked messages are not on "
+                                  f"['persistent://{ns}/in-parked'] (already replayed?)")
         # A POST to a batch itself is no operation, even when its id ends in '/replay' (sent encoded).
         for path in ("/batches/e%2Freplay", "/batches/e%2Freplay%2Freplay", "/batches/e%2Freplay%2freplay"):
             status, body = server.request("POST", path, token=TOKEN)

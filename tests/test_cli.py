@@ -58,14 +58,16 @@ def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
     batch = pm.properties()["pulsar-txn.batch_id"]
     assert batch.startswith("clijob:")
     r1 = _cli("replay", "--service-url", broker.service_url, "--batch", batch, "--ledger-topic", ledger,
-              "--handler", "txn.examples.handlers:upper")
+              "--handler", "txn.examples.handlers:upper", "--output", out)
     assert r1.returncode == 0, r1.stderr
     assert f"replayed 1 message(s) of batch {batch}" in r1.stdout
     assert [m.data() for m in read_n(reader, 1)] == [b"POISON-C"]
-    r2 = _cli("replay", "--service-url", broker.service_url, "--batch", batch, "--ledger-topic", ledger)
+    code = ("--handler", "txn.examples.handlers:upper", "--output", out)  # never taken from the ledger
+    r2 = _cli("replay", "--service-url", broker.service_url, "--batch", batch, "--ledger-topic", ledger, *code)
     assert r2.returncode == 0 and "already replayed" in r2.stdout
     assert read_until_sentinel(official, reader, out) == []
-    r3 = _cli("replay", "--service-url", broker.service_url, "--batch", "clijob:nope:1", "--ledger-topic", ledger)
+    r3 = _cli("replay", "--service-url", broker.service_url, "--batch", "clijob:nope:1", "--ledger-topic", ledger,
+              *code)
     assert r3.returncode == 1 and "not in the ledger" in r3.stderr
 
 
@@ -110,5 +112,6 @@ def test_broker_status_json(broker):
 def test_cli_usage_errors():
     r = _cli("process", "--service-url", "pulsar://127.0.0.1:1")
     assert r.returncode == 2 and "required" in r.stderr
-    r = _cli("replay", "--service-url", "pulsar://127.0.0.1:1", "--batch", "x", "--handler", "nomodule")
+    r = _cli("replay", "--service-url", "pulsar://127.0.0.1:1", "--batch", "x", "--handler", "nomodule",
+             "--output", "out")
     assert r.returncode != 0 and "module:function" in r.stderr

@@ -181,7 +181,9 @@ def world(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
             runs[job] = Run(*map(int, m.groups()))
             parked[job] = _parked_batch(official, inp)
         records = _ledger_size(official, ledger)
-        api = ApiServer(broker, f"sqlite:///{tmp}/api.db", tmp / "api.log", ledger_topics=[ledger],
+        registry = {job: {"handler": handler, "output": outputs[job], "parked_topics": [p + f"{job}-in-parked"]}
+                    for job, (_, handler) in jobs.items()}
+        api = ApiServer(broker, f"sqlite:///{tmp}/api.db", tmp / "api.log", ledger_topics=[ledger], jobs=registry,
                         extra_env={"PYTHONPATH": _pythonpath(), FLAG_ENV: str(flag),
                                    "PULSAR_TXN_RESOLVE_AFTER_MS": "2000"}).start()
 

@@ -160,6 +160,7 @@ def test_dashboard_shows_the_ledger_and_replays_a_parked_batch(broker: Any, tmp_
         aborted_txns = {rec["txn_id"] for rec in records if rec["kind"] == "ABORTED"}
 
         api = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                        jobs={job: {"handler": HANDLER, "output": out, "parked_topics": [f"{inp}-parked"]}},
                         extra_env=env_extra).start(timeout=120)
         def projected() -> bool:
             status, health = api.request("GET", "/health")

@@ -127,7 +127,7 @@ def test_poison_is_parked_then_replayed_exactly_once(broker, official, unique_na
 
     async def do_replay(handler):
         async with txn.AsyncClient(broker.service_url) as client:
-            return await replay_batch(client, batch_id, ledger, handler=handler)
+            return await replay_batch(client, batch_id, ledger, handler=handler, output=out)
 
     res = asyncio.run(do_replay(lambda m: Output(m.data().replace(b"poison", b"fixed"))))
     assert res.replayed and res.messages == 1 and res.outputs == {out: 1}

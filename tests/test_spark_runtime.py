@@ -125,9 +125,10 @@ def test_runtime_poison_parked_and_replayed(broker, spark, official, unique_name
 
     async def do_replay():
         async with txn.AsyncClient(broker.service_url) as client:
-            return await replay_batch(client, parked.batch_id, ledger)
+            return await replay_batch(client, parked.batch_id, ledger, output=out,
+                                      transform="test_spark_runtime:fixed_transform")
 
-    res = asyncio.run(do_replay())  # the job's transform from the ledger, run by Spark
+    res = asyncio.run(do_replay())  # the transform the caller names (never the ledger's), run by Spark
     assert res.replayed and res.messages == 1
     assert [m.data() for m in read_n(reader, 1)] == [b"fixed-5"]
     assert not asyncio.run(do_replay()).replayed

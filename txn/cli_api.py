@@ -85,8 +85,8 @@ class ApiClient:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
 
-    def post(self, path: str) -> Any:
-        return self.request("POST", path)
+    def post(self, path: str, **params: Any) -> Any:
+        return self.request("POST", path, params)
 
 
 def _detail(raw: bytes, reason: Any) -> str:
@@ -284,7 +284,7 @@ def _replay_line(rep: dict[str, Any]) -> str:
 
 
 def cmd_batches_show(args: argparse.Namespace) -> int:
-    b = _client(args).get(f"/batches/{_seg(args.batch_id)}")
+    b = _client(args).get(f"/batches/{_seg(args.batch_id)}", ledger_topic=args.ledger_topic)
     if args.json:
         _out(b)
         return 0
@@ -305,7 +305,7 @@ def cmd_batches_show(args: argparse.Namespace) -> int:
 
 def cmd_batches_replay(args: argparse.Namespace) -> int:
     api = _client(args)
-    rep = api.post(f"/batches/{_seg(args.batch_id)}/replay")
+    rep = api.post(f"/batches/{_seg(args.batch_id)}/replay", ledger_topic=args.ledger_topic)
     rid = rep["replay_id"]
     progress = sys.stderr if args.json else sys.stdout
     if not args.wait:
@@ -379,6 +379,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Bind addresses that are loopback, and the Host names a loopback-bound API answers to.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     """Serve the control plane (flags override the ``PULSAR_TXN_*`` environment)."""
     try:
@@ -396,6 +401,8 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     given = {"service_url": args.service_url, "admin_url": args.admin_url, "database_url": args.database_url,
              "ledger_topics": args.ledger_topics}
+    if args.host in LOOPBACK and not os.environ.get("PULSAR_TXN_TRUSTED_HOSTS"):
+        given["trusted_hosts"] = ",".join(LOOPBACK_HOST_NAMES)  # bound to loopback: answer loopback names only
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
@@ -517,9 +524,11 @@ def register(sub: Any) -> None:
     bl.set_defaults(func=_guarded(cmd_batches_list))
     bsh = bs.add_parser("show", parents=[common], help="one batch, its ledger records and its replay")
     bsh.add_argument("batch_id", metavar="BATCH_ID")
+    bsh.add_argument("--ledger-topic", default=None, help="the batch's ledger topic (if its id is in several)")
     bsh.set_defaults(func=_guarded(cmd_batches_show))
     br = bs.add_parser("replay", parents=[common], help="replay a parked batch exactly once (needs --token)")
     br.add_argument("batch_id", metavar="BATCH_ID")
+    br.add_argument("--ledger-topic", default=None, help="the batch's ledger topic (if its id is in several)")
     br.add_argument("--wait", action="store_true", help="follow the replay until it ends (exit 1 if it failed)")
     br.add_argument("--wait-timeout", type=float, default=600.0, help="give up waiting after this many seconds")
     br.add_argument("--interval", type=float, default=0.5, help="seconds between polls")

@@ -170,6 +170,7 @@
     if (batch.status === "PARKED" && (!status || status === "failed") && !(local && local.pending)) {
       cell.append(el("button", {
         type: "button", class: "replay-button", "data-testid": "replay-button", "data-batch-id": batch.batch_id,
+        "data-ledger-topic": batch.ledger_topic,
       }, status === "failed" ? "Retry replay" : "Replay"));
     }
     return cell;
@@ -445,6 +446,25 @@
     renderProblems();
   }
 
+  // Ledger messages the projection could not use: shown raw (as text, never markup) with the reason.
+  function quarantineRow(r) {
+    const raw = r.raw.length > 200 ? `${r.raw.slice(0, 200)}…` : r.raw;
+    return el("tr", { "data-key": String(r.id), "data-testid": "quarantine-row" },
+      el("td", {}, mono(r.topic)),
+      el("td", {}, mono(r.message_id)),
+      el("td", {}, stamp(r.quarantined_at_ms)),
+      errorCell(r.reason),
+      el("td", { class: "num" }, num(r.size)),
+      el("td", { class: "raw-cell" }, mono(raw, r.raw.slice(0, 2000))));
+  }
+
+  async function loadQuarantine() {
+    const page = await api(`/quarantine${q({ limit: 20 })}`);
+    $("quarantine-total").textContent = page.total ? `${num(page.total)} quarantined` : "";
+    $("quarantine-section").dataset.total = String(page.total);
+    fillTable("quarantine-table", page.items, quarantineRow, "no quarantined ledger messages");
+  }
+
   async function loadBatches() {
     const page = await api(`/batches${q({ job: $("batch-job").value, status: $("batch-status").value,
       limit: LIST_LIMIT })}`);
@@ -474,6 +494,7 @@
     try {
       const results = await Promise.allSettled([
         loadHealth(), loadChart(), loadCoordinators(), loadOpen(), loadJobs(), loadProblems(), loadBatches(),
+        loadQuarantine(),
       ]);
       const errors = results.filter((r) => r.status === "rejected").map((r) => describe(r.reason));
       const banner = $("load-error");
@@ -510,7 +531,7 @@
     409: "the batch cannot be replayed",
   };
 
-  async function replay(batchId) {
+  async function replay(batchId, ledgerTopic) {
     const prior = replays.get(batchId);
     const state = { replayId: null, status: null, trail: [], message: null, error: null, pending: true };
     replays.set(batchId, state);
@@ -518,7 +539,8 @@
     rerenderReplays();
     let rep;
     try {
-      rep = await api(`/batches/${encodeURIComponent(batchId)}/replay`, { method: "POST" });
+      rep = await api(`/batches/${encodeURIComponent(batchId)}/replay${q({ ledger_topic: ledgerTopic })}`,
+        { method: "POST" });
     } catch (err) {
       const status = err instanceof HttpError ? err.status : 0;
       const why = REFUSALS[status] || "the request failed";
@@ -641,7 +663,7 @@
         const button = ev.target.closest("button[data-batch-id]");
         if (button) {
           button.disabled = true;
-          replay(button.dataset.batchId);
+          replay(button.dataset.batchId, button.dataset.ledgerTopic);
         }
       });
     }

@@ -16,6 +16,7 @@ by batch id (the message key), so a compacted view keeps the last record of each
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -36,12 +37,121 @@ def default_ledger_topic(topic: str) -> str:
 
 
 class LedgerSchemaError(ValueError):
-    """A ledger message is not a record of a schema version we understand."""
+    """A ledger message is not a valid record of a schema version we understand.
+
+    The message says which field broke which rule (its type or size), never the field's content."""
+
+
+#: Bounds of a record (``from_json`` rejects anything outside them). String lengths fit the
+#: control plane's columns; the byte size is Pulsar's default maximum message size.
+MAX_RECORD_BYTES = 5 * 1024 * 1024
+MAX_DEPTH = 16
+MAX_JOB = 256
+MAX_BATCH_ID = 512
+MAX_TXN_ID = 64
+MAX_TOPIC = 512
+MAX_ERROR = 32_768
+MAX_ID = 256
+MAX_TOPICS = 10_000
+MAX_IDS = 1_000_000
+MAX_CONFIG_KEYS = 256
+MAX_ATTEMPT = 2**31 - 1
+MAX_INT = 2**63 - 1
+
+_BRACKETS = re.compile(rb'"(?:[^"\\]|\\.)*"|[^\[\]{}]+')
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of arrays/objects in the JSON text ``data`` (strings skipped), computed
+    without recursion, so a hostile document is measured before a parser recurses into it."""
+    depth = top = 0
+    for b in _BRACKETS.sub(b"", data):
+        if b in (0x5B, 0x7B):
+            depth += 1
+            top = max(top, depth)
+        else:
+            depth -= 1
+    return top
+
+
+def _fail(name: str, rule: str, value: Any) -> LedgerSchemaError:
+    return LedgerSchemaError(f"field {name!r} must be {rule}, got {type(value).__name__}")
+
+
+def _text(name: str, value: Any, hi: int, *, optional: bool = False, lo: int = 1) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not lo <= len(value) <= hi:
+        size = f" of {len(value)}" if isinstance(value, str) else ""
+        raise LedgerSchemaError(f"field {name!r} must be a string of {lo}..{hi} characters, got "
+                                f"{type(value).__name__}{size}")
+    if "\x00" in value or not value.isprintable() and not _encodable(value):
+        raise LedgerSchemaError(f"field {name!r} holds a NUL or an unpaired surrogate")
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _int(name: str, value: Any, lo: int, hi: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if type(value) is not int:
+        raise _fail(name, f"an integer in {lo}..{hi}", value)
+    if not lo <= value <= hi:
+        raise LedgerSchemaError(f"field {name!r} must be an integer in {lo}..{hi}, got one out of range")
+
+
+def validate(rec: LedgerRecord) -> None:
+    """Check every field's type and bounds; raises :class:`LedgerSchemaError`."""
+    if rec.kind not in KINDS:
+        raise LedgerSchemaError(f"field 'kind' must be one of {', '.join(KINDS)}")
+    _text("job", rec.job, MAX_JOB)
+    _text("batch_id", rec.batch_id, MAX_BATCH_ID)
+    _text("txn_id", rec.txn_id, MAX_TXN_ID, optional=True)
+    _int("attempt", rec.attempt, 0, MAX_ATTEMPT)
+    _int("started_at_ms", rec.started_at_ms, 0, MAX_INT)
+    _int("ended_at_ms", rec.ended_at_ms, 0, MAX_INT, optional=True)
+    _text("error", rec.error, MAX_ERROR, optional=True, lo=0)
+    _text("parked_topic", rec.parked_topic, MAX_TOPIC, optional=True)
+    _text("replay_of", rec.replay_of, MAX_BATCH_ID, optional=True)
+    if not isinstance(rec.inputs, dict) or len(rec.inputs) > MAX_TOPICS:
+        raise _fail("inputs", f"an object of at most {MAX_TOPICS} topics", rec.inputs)
+    for topic, ids in rec.inputs.items():
+        _text("inputs (topic)", topic, MAX_TOPIC)
+        if not isinstance(ids, list) or len(ids) > MAX_IDS:
+            raise _fail("inputs", f"an object of lists of at most {MAX_IDS} message ids", ids)
+        for i in ids:
+            _text("inputs (message id)", i, MAX_ID)
+    if not isinstance(rec.duplicates, dict) or len(rec.duplicates) > MAX_TOPICS:
+        raise _fail("duplicates", f"an object of at most {MAX_TOPICS} topics", rec.duplicates)
+    for topic, ids in rec.duplicates.items():
+        _text("duplicates (topic)", topic, MAX_TOPIC)
+        if not isinstance(ids, list) or len(ids) > MAX_IDS:
+            raise _fail("duplicates", f"an object of lists of at most {MAX_IDS} message ids", ids)
+        for i in ids:
+            _text("duplicates (message id)", i, MAX_ID)
+    if not isinstance(rec.outputs, dict) or len(rec.outputs) > MAX_TOPICS:
+        raise _fail("outputs", f"an object of at most {MAX_TOPICS} topics", rec.outputs)
+    for topic, n in rec.outputs.items():
+        _text("outputs (topic)", topic, MAX_TOPIC)
+        _int("outputs (count)", n, 0, MAX_INT)
+    if not isinstance(rec.config, dict) or len(rec.config) > MAX_CONFIG_KEYS:
+        raise _fail("config", f"an object of at most {MAX_CONFIG_KEYS} keys", rec.config)
+    if rec.schema != SCHEMA:
+        raise LedgerSchemaError(f"not a {SCHEMA} record")
 
 
 @dataclass(slots=True)
 class LedgerRecord:
-    """One ledger record (schema ``pulsar-txn.ledger/1``)."""
+    """One ledger record (schema ``pulsar-txn.ledger/1``).
+
+    The constructor checks the kind only (writers build records freely); :meth:`from_json`
+    checks every field (:func:`validate`), as does :meth:`validate`."""
 
     kind: str
     job: str
@@ -63,34 +173,49 @@ class LedgerRecord:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise LedgerSchemaError(f"unknown ledger record kind {self.kind!r}")
+            raise LedgerSchemaError(f"unknown ledger record kind {str(self.kind)[:16]!r}")
 
     @property
     def duration_ms(self) -> int | None:
         """Milliseconds from start to end, if ended."""
         return None if self.ended_at_ms is None else self.ended_at_ms - self.started_at_ms
 
+    def validate(self) -> LedgerRecord:
+        """Check every field's type and bounds (raises :class:`LedgerSchemaError`); returns self."""
+        validate(self)
+        return self
+
     def to_json(self) -> bytes:
-        """Serialise (compact JSON, keys sorted)."""
+        """Serialise (compact JSON, keys sorted); an error longer than ``MAX_ERROR`` is cut there."""
         d = {name: getattr(self, name) for name in _FIELDS}
+        if isinstance(self.error, str) and len(self.error) > MAX_ERROR:
+            d["error"] = self.error[:MAX_ERROR - 14] + " [truncated]"
         d["duration_ms"] = self.duration_ms
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> LedgerRecord:
-        """Parse; raises :class:`LedgerSchemaError` for other schemas or malformed records."""
+        """Parse and validate; raises :class:`LedgerSchemaError` for other schemas or records that
+        break a rule of :func:`validate` (size and nesting are checked before parsing)."""
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise LedgerSchemaError(f"ledger record of {len(raw)} bytes exceeds {MAX_RECORD_BYTES}")
+        if (depth := json_depth(raw)) > MAX_DEPTH:
+            raise LedgerSchemaError(f"ledger record nests {depth} levels deep (at most {MAX_DEPTH})")
         try:
-            d = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise LedgerSchemaError(f"ledger record is not JSON: {exc}") from exc
+            d = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise LedgerSchemaError(f"ledger record is not JSON ({type(exc).__name__})") from None
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise LedgerSchemaError(f"not a {SCHEMA} record: schema={d.get('schema') if isinstance(d, dict) else d!r}")
+            raise LedgerSchemaError(f"not a {SCHEMA} record")
         d.pop("duration_ms", None)
-        known = {f for f in cls.__dataclass_fields__}
+        if not isinstance(d.get("kind"), str) or d["kind"] not in KINDS:
+            raise LedgerSchemaError(f"field 'kind' must be one of {', '.join(KINDS)}")
         try:
-            return cls(**{k: v for k, v in d.items() if k in known})
-        except TypeError as exc:
-            raise LedgerSchemaError(f"malformed ledger record: {exc}") from exc
+            rec = cls(**{k: v for k, v in d.items() if k in _FIELDS})
+        except TypeError:
+            raise LedgerSchemaError("malformed ledger record: a required field is missing") from None
+        return rec.validate()
 
 
 async def ensure_ledger_retained(client: Any, ledger_topic: str) -> None:

@@ -4,13 +4,20 @@ One transaction acknowledges the batch's messages on the parking topic (subscrip
 ``pulsar-txn-replay``), produces the handler's outputs, and writes a ``REPLAYED`` ledger record.
 A batch that already has a ``REPLAYED`` record is not replayed again; two concurrent replays
 of one batch conflict on the parked messages' acks, so at most one commits.
+
+The code that runs comes from the caller only (``handler``, or a Spark ``transform`` spec), never
+from the ledger: a record names its job, nothing else. So does the output topic. A caller that
+serves others (the control plane) also passes what the job may touch: ``job``, ``parked_topics``
+and ``allowed_outputs`` are checked before anything is written. Any failure of the caller's
+code, ``BaseException`` included (``SystemExit``, ``KeyboardInterrupt``), is a
+:class:`ReplayError`: it fails the replay, never the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +32,23 @@ from .processor import PARK_BATCH, PARK_PROPS, PARK_SOURCE_TOPIC
 
 REPLAY_SUBSCRIPTION = "pulsar-txn-replay"
 
-#: Runtimes other than the per-message processor record ``config["runtime"]`` in the ledger;
-#: replay then loads the runtime's ``(transform spec, messages) -> outputs`` by name (the
-#: runtime lives in a higher layer, e.g. ``spark_jobs``, so it is not imported here).
+#: The Spark runtime's ``(transform spec, messages) -> outputs``, loaded by name when a caller
+#: replays with a ``transform`` (the runtime lives in a higher layer, so it is not imported here).
 RUNTIME_REPLAYERS = {"spark": "spark_jobs.runtime:replay_outputs"}
 
 
 class ReplayError(Exception):
-    """The batch cannot be replayed (unknown, not parked, no handler...)."""
+    """The batch cannot be replayed (unknown, not parked, no handler, the handler failed...)."""
+
+
+def guarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; any exception it raises, ``BaseException`` included, becomes a
+    :class:`ReplayError` naming ``what`` (so a handler's ``sys.exit()`` fails a replay, not the
+    process). Cancellation of the calling task is not affected: this runs the call directly."""
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, GeneratorExit too
+        raise ReplayError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(slots=True)
@@ -74,8 +90,21 @@ async def replay_batch(
     output: str | None = None,
     timeout_ms: int = 60000,
     idle_ms: int = 2000,
+    *,
+    transform: str | None = None,
+    job: str | None = None,
+    parked_topics: Collection[str] | None = None,
+    allowed_outputs: Collection[str] | None = None,
 ) -> ReplayResult:
-    """Replay the parked messages of ``batch_id`` exactly once (see the module docs)."""
+    """Replay the parked messages of ``batch_id`` exactly once (see the module docs).
+
+    Give ``handler`` (called per message) or ``transform`` (a Spark transform's ``module:function``),
+    and ``output`` for outputs that name no topic. ``job``: the batch must be that job's;
+    ``parked_topics``: its parked messages must be on these; ``allowed_outputs``: its outputs may go
+    only there (each a :class:`ReplayError` otherwise, before anything is written)."""
+    if handler is None and transform is None:
+        raise ReplayError(f"batch {batch_id}: no handler given (a replay runs only the code its caller names, "
+                          "never code named by a ledger record)")
     records = [r for r in await read_ledger(client, ledger_topic, idle_ms) if r.batch_id == batch_id]
     if not records:
         raise ReplayError(f"batch {batch_id!r} is not in the ledger {ledger_topic}")
@@ -88,22 +117,19 @@ async def replay_batch(
         kinds = ",".join(sorted({r.kind for r in records}))
         raise ReplayError(f"batch {batch_id} has no parked messages (its records: {kinds}); aborted inputs go back "
                           "to the subscription and are reprocessed automatically")
-    cfg = parked[-1].config
-    batch_outputs = None
-    if handler is None:
-        spec = cfg.get("handler")
-        if not spec:
-            raise ReplayError(f"batch {batch_id}: the job's handler is not importable; pass one explicitly")
-        runtime = cfg.get("runtime")
-        if runtime:
-            if runtime not in RUNTIME_REPLAYERS:
-                raise ReplayError(f"batch {batch_id}: unknown runtime {runtime!r} in the ledger")
-            replayer = load_handler(RUNTIME_REPLAYERS[runtime])
-            batch_outputs = lambda msgs: replayer(spec, msgs)  # noqa: E731
-        else:
-            handler = load_handler(spec)
-    output = str(parse_topic(output or cfg.get("output") or ""))
+    if job is not None and any(r.job != job for r in records):
+        raise ReplayError(f"batch {batch_id} in {ledger_topic} is not a batch of job {job!r}")
     topics = sorted({r.parked_topic for r in parked if r.parked_topic})
+    if parked_topics is not None and not set(topics) <= set(parked_topics):
+        raise ReplayError(f"batch {batch_id}: its parking topic(s) {topics} are not among the job's "
+                          f"{sorted(parked_topics)}")
+    if not topics:
+        raise ReplayError(f"batch {batch_id}: its PARKED record names no parking topic")
+    out_topic = str(parse_topic(output)) if output else None
+    batch_outputs = None
+    if transform is not None:
+        replayer = guarded("loading the Spark runtime", load_handler, RUNTIME_REPLAYERS["spark"])
+        batch_outputs = lambda msgs: guarded(f"transform {transform}", replayer, transform, msgs)  # noqa: E731
     want = sum(sum(r.outputs.values()) for r in parked)
     consumer = await client.subscribe(topics, REPLAY_SUBSCRIPTION, consumer_type=ConsumerType.Shared,
                                       initial_position=InitialPosition.Earliest)
@@ -129,13 +155,20 @@ async def replay_batch(
         else:
             outputs = []
             for original in originals:
-                outputs.extend(normalise(await loop.run_in_executor(None, handler, original)))
+                got = await loop.run_in_executor(None, guarded, "the handler", handler, original)
+                outputs.extend(guarded("the handler's result", normalise, got))
+        for o in outputs:
+            topic = o.topic or out_topic
+            if topic is None:
+                raise ReplayError(f"batch {batch_id}: an output names no topic and no output topic was given")
+            if allowed_outputs is not None and str(parse_topic(topic)) not in allowed_outputs:
+                raise ReplayError(f"batch {batch_id}: an output goes to {topic}, which the job may not write to")
         t = await client.new_transaction(timeout_millis=timeout_ms)
         counts: dict[str, int] = {}
         producers: dict[str, Any] = {}
         try:
             for o in outputs:
-                topic = o.topic or output
+                topic = o.topic or out_topic
                 if topic not in producers:
                     producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
                 await producers[topic].send_async(o.content, properties=o.properties,
@@ -146,7 +179,9 @@ async def replay_batch(
             for m in msgs:
                 inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
             rec = LedgerRecord("REPLAYED", parked[-1].job, batch_id, str(t.id), 1, inputs, counts,
-                               started_at_ms=started, ended_at_ms=now_ms(), replay_of=batch_id, config=cfg)
+                               started_at_ms=started, ended_at_ms=now_ms(), replay_of=batch_id,
+                               config={"handler" if transform is None else "transform":
+                                       transform or getattr(handler, "__qualname__", "?")})
             ledger = await client.create_producer(ledger_topic)
             await ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
             await t.commit()
@@ -176,11 +211,11 @@ def _as_original(m: Message) -> Message:
 
 
 def replay(service_url: str, batch_id: str, ledger_topic: str, handler: Callable[[Message], Any] | None = None,
-           output: str | None = None, **client_kwargs: Any) -> ReplayResult:
+           output: str | None = None, *, transform: str | None = None, **client_kwargs: Any) -> ReplayResult:
     """Blocking form of :func:`replay_batch`."""
 
     async def main() -> ReplayResult:
         async with AsyncClient(service_url, **client_kwargs) as client:
-            return await replay_batch(client, batch_id, ledger_topic, handler, output)
+            return await replay_batch(client, batch_id, ledger_topic, handler, output, transform=transform)
 
     return asyncio.run(main())
