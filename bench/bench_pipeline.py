@@ -410,7 +410,8 @@ def eo_settings(args: argparse.Namespace, kind: str, inflight: int | None = None
     """ProcessorConfig keyword arguments for the two commit settings."""
     base = {"receiver_queue_size": args.receiver_queue_size,
             "consumer_type": getattr(txn.ConsumerType, args.consumer_type),
-            "max_inflight_commits": inflight if inflight is not None else args.max_inflight_commits}
+            "max_inflight_commits": inflight if inflight is not None else args.max_inflight_commits,
+            "ledger_guard": not args.no_ledger_guard}
     if kind == "100ms":
         return base | {"batch_max_delay_ms": 100, "batch_max_messages": 100_000}
     return base | {"batch_max_messages": 1000, "batch_max_delay_ms": 10_000}
@@ -583,6 +584,7 @@ def main() -> int:
     ap.add_argument("--rss-size", type=int, default=100, help="payload size in bytes (RSS runs)")
     ap.add_argument("--rss-seconds", type=float, default=120, help="max processing time per RSS run")
     ap.add_argument("--only", default="throughput,rss", help="comma-separated subset of throughput,rss")
+    ap.add_argument("--no-ledger-guard", action="store_true", help="processor without its ledger guard (to measure it)")
     ap.add_argument("--service-url", help="use this broker instead of starting one")
     ap.add_argument("--admin-url", help="admin URL of --service-url's broker")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)

@@ -200,7 +200,7 @@ def _msg(topic: str, ledger: int, entry: int, index: int) -> txn.Message:
 
 
 def test_committed_inputs_is_bounded_and_collapses_full_entries():
-    c = CommittedInputs(max_entries=3)
+    c = CommittedInputs(max_ids=3)
     for i in range(5):
         c.add("t", 1, i, 0, batch_size=2)
     assert len(c) == 3 and c.evicted == 2
@@ -209,3 +209,14 @@ def test_committed_inputs_is_bounded_and_collapses_full_entries():
     c.add("t", 1, 4, 1, batch_size=2)
     assert c._entries[("t", 1, 4)] is None  # noqa: SLF001 - both indexes: one marker for the entry
     assert c.contains(_msg("t", 1, 4, 1))
+    assert len(c) == 3  # entries 2 and 3 (one index each) and entry 4 (whole)
+
+
+def test_committed_inputs_reads_record_ids():
+    c = CommittedInputs()
+    n = c.add_ids("t", ["(9,1,-1,-1)", "(9,2,0,3)", "(9,2,0,5)", "bogus", "(9,3,-1,x)", "(9,1,-1,-1)"])
+    assert n == 4
+    assert c.contains(_msg("t", 9, 1, -1)) and c.contains(_msg("t", 9, 2, 3)) and c.contains(_msg("t", 9, 2, 5))
+    assert not c.contains(_msg("t", 9, 2, 4)) and not c.contains(_msg("u", 9, 1, -1))
+    assert c.add_ids("t", [5, None, "(9,4,-1,0)"]) == 1  # non-strings are ignored
+    assert len(c) == 4

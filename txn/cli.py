@@ -89,7 +89,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         receiver_queue_size=args.receiver_queue_size,
         max_inflight_commits=args.max_inflight_commits,
         ledger_guard=not args.no_ledger_guard,
-        guard_max_entries=args.guard_max_entries,
+        guard_max_ids=args.guard_max_ids,
         **extra,
     )
     print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
@@ -205,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--exit-when-idle-ms", type=int, default=None, help="exit after this long without input")
     pr.add_argument("--no-ledger-guard", action="store_true",
                     help="trust the broker's ack state alone (not recommended: Pulsar 4.0.x can lose batch acks)")
-    pr.add_argument("--guard-max-entries", type=int, default=200_000,
-                    help="committed entries the ledger guard remembers (bounded state)")
+    pr.add_argument("--guard-max-ids", type=int, default=1_000_000,
+                    help="committed input ids the ledger guard remembers (bounded state, ~60 bytes each)")
     pr.set_defaults(func=cmd_process)
 
     rp = sub.add_parser("replay", help="replay a parked batch exactly once")

@@ -54,6 +54,7 @@ from ..transaction import AsyncTransaction
 from .batching import EntryBoundaries
 from .ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms
 from .ledger_guard import LedgerGuard
+from .ordering import OrderingGuard
 from .output import Output, handler_spec, is_async, normalise
 
 log = logging.getLogger("txn.processor")
@@ -110,14 +111,16 @@ class ProcessorConfig:
     handler_spec: str | None = None
     #: Check every batch's inputs against the ledger's committed records (see ``ledger_guard``).
     ledger_guard: bool = True
-    #: Bound of the guard's state: stored entries (messages or batches) remembered per job.
-    guard_max_entries: int = 200_000
+    #: Bound of the guard's state: committed input ids remembered (about 60 bytes each).
+    guard_max_ids: int = 1_000_000
     #: How long a batch waits for the ledger to become readable up to its STARTED record after a
     #: re-subscription; default 3 x the transaction timeout, at least 2 minutes.
     guard_sync_timeout_ms: int | None = None
     #: Close batches at batch-entry boundaries: a batch never splits a producer's batch entry across
     #: two transactions (it may exceed ``batch_max_messages`` by up to one entry; see ``batching``).
     batch_entry_boundaries: bool = False
+    #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
+    ordering: OrderingGuard | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -203,7 +206,7 @@ class AsyncProcessor:
         )
         await ensure_ledger_retained(self.client, self.ledger_topic)
         if c.ledger_guard:
-            self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_entries)
+            self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_ids)
             await self.guard.start()
         self._ledger = await self.client.create_producer(
             self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
@@ -260,13 +263,16 @@ class AsyncProcessor:
                 if self.fatal is not None:
                     raise self.fatal
                 batch = await self._collect()
+                if self.config.ordering is not None:
+                    batch = await self.config.ordering.gate(self, batch)
                 now = time.monotonic()
                 if self._progress is not None and now - last_progress >= self.config.progress_interval_s:
                     print(self.stats.line(self.config.job, len(self._inflight)), file=self._progress, flush=True)
                     last_progress = now
                 if not batch:
                     if idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight:
-                        break
+                        if self.config.ordering is None or not self.config.ordering.holding:
+                            break
                     continue
                 idle_since = now
                 await self._process(batch, self._new_batch_id())
@@ -533,7 +539,7 @@ class AsyncProcessor:
                                started_at_ms=started, ended_at_ms=now_ms(), duplicates=duplicates)
             receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
             self._ledger.flush_now()
-            await receipt
+            record_id = await receipt
             await ack
             if self._generation() != generation:
                 # A producer reconnected during this transaction and may have re-sent a frame
@@ -541,6 +547,8 @@ class AsyncProcessor:
                 # output inside the transaction. Abort: the inputs come back and are redone.
                 raise TransactionError("a producer reconnected during the transaction; aborting to stay exactly-once",
                                        txn_id=t.id)
+            if c.ordering is not None:
+                await c.ordering.prepare(msgs, t.id, self._ledger, record_id)
             await t.commit()
             commit_ms = (time.monotonic() - t0) * 1000
             if self.guard is not None:
@@ -554,11 +562,15 @@ class AsyncProcessor:
             self.stats.commit_ms_total += commit_ms
             if self.on_commit is not None:
                 self.on_commit(batch_id, t.id, len(fresh), counts, commit_ms)
+            if c.ordering is not None:
+                await c.ordering.committed(msgs)
         except (PulsarError, TransactionError) as exc:
             self.stats.aborts += 1
             log.warning("batch %s (txn %s) did not commit: %s; the broker redelivers its inputs",
                         batch_id, t.id, exc)
             await self._abort(t, batch_id, attempt, inputs, started, exc)
+            if c.ordering is not None and t.state.value == "ABORTED":
+                await c.ordering.aborted(msgs, t.id)
         except BaseException as exc:  # a bug: stop the processor rather than lose track
             self.fatal = exc
             raise
@@ -618,6 +630,8 @@ class AsyncProcessor:
                 if self.guard is not None:
                     self.guard.committed.add_message(m)
                 self.stats.parked += 1
+                if c.ordering is not None:
+                    await c.ordering.on_parked(m)
                 log.warning("parked message %s of batch %s on %s: %s", m.message_id(), batch_id, parked_topic,
                             failure)
                 return
