@@ -7,11 +7,12 @@ import itertools
 from typing import Any
 
 from .auth import Authentication
+from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
 from .message import MessageId, TxnID
-from .pool import ConnectionPool
+from .pool import MAX_PARTITIONS, ConnectionPool
 from .producer import AsyncProducer, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
 from .reader import AsyncReader, create_reader
@@ -23,7 +24,14 @@ class AsyncClient:
     """A Pulsar client for asyncio code.
 
     Parameters mirror ``pulsar.Client``; use ``async with AsyncClient(url) as c``
-    or call :meth:`close`.
+    or call :meth:`close`. Bounds on what a broker may tell the client:
+
+    - ``max_partitions``: a larger partition count raises :class:`~txn.errors.TooManyPartitions`.
+    - ``max_message_size_ceiling``: the broker's ``max_message_size`` (the frame limit) is
+      clamped to it.
+    - ``max_uncompressed_message_size``: the most a compressed entry may decompress to
+      (default: the broker's ``max_message_size``); a larger one is reported by ``receive()``
+      as :class:`~txn.errors.PayloadTooLarge`.
     """
 
     def __init__(
@@ -36,7 +44,14 @@ class AsyncClient:
         tls_trust_certs_file_path: str | None = None,
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
+        max_partitions: int = MAX_PARTITIONS,
+        max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
+        max_uncompressed_message_size: int | None = None,
     ) -> None:
+        for name, value in (("max_partitions", max_partitions), ("max_message_size_ceiling", max_message_size_ceiling),
+                            ("max_uncompressed_message_size", max_uncompressed_message_size)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive")
         self._pool = ConnectionPool(
             service_url,
             auth=authentication,
@@ -46,6 +61,9 @@ class AsyncClient:
             tls_trust_certs_file_path=tls_trust_certs_file_path,
             tls_allow_insecure_connection=tls_allow_insecure_connection,
             tls_validate_hostname=tls_validate_hostname,
+            max_partitions=max_partitions,
+            max_message_size_ceiling=max_message_size_ceiling,
+            max_uncompressed_message_size=max_uncompressed_message_size,
         )
         self._ids = itertools.count(1)
         self._tc = CoordinatorClient(self._pool)

@@ -26,6 +26,8 @@ from .protocol.frames import DEFAULT_MAX_MESSAGE_SIZE, FRAME_HEADROOM
 log = logging.getLogger("txn.connection")
 
 PROTOCOL_VERSION = 21
+#: Upper bound on the ``max_message_size`` a broker may announce (and so on one frame).
+MAX_MESSAGE_SIZE_CEILING = 100 * 1024 * 1024
 T = pb.BaseCommand
 
 # Response command type -> (BaseCommand field, has request_id) used to match requests.
@@ -125,6 +127,7 @@ class Connection(asyncio.Protocol):
         proxy_to_broker_url: str | None = None,
         operation_timeout: float = 30.0,
         keepalive_interval: float = 30.0,
+        max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
     ) -> None:
         self.host = host
         self.port = port
@@ -147,6 +150,7 @@ class Connection(asyncio.Protocol):
         self.server_version = ""
         self.protocol_version = 0
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
+        self.max_message_size_ceiling = max_message_size_ceiling
         self._last_received = time.monotonic()
         self._keepalive: asyncio.Task[None] | None = None
         self._write_paused: asyncio.Future[None] | None = None
@@ -199,10 +203,26 @@ class Connection(asyncio.Protocol):
         self.server_version = connected.server_version
         self.protocol_version = connected.protocol_version
         if connected.HasField("max_message_size"):
-            self.max_message_size = connected.max_message_size
-            self._decoder.max_frame_size = connected.max_message_size + FRAME_HEADROOM
+            self._set_max_message_size(connected.max_message_size)
         self._keepalive = loop.create_task(self._keepalive_loop())
         return self
+
+    def _set_max_message_size(self, announced: int) -> None:
+        """Adopt the broker's ``max_message_size``, bounded by ``max_message_size_ceiling``.
+
+        It sets the frame limit, i.e. how much a peer can make us buffer for one frame, so a
+        value above the ceiling is clamped and a non-positive one ignored.
+        """
+        size = announced
+        if size <= 0:
+            log.warning("%s announced max_message_size %d; keeping %d", self.address, size, self.max_message_size)
+            return
+        if size > self.max_message_size_ceiling:
+            log.warning("%s announced max_message_size %d; clamped to the client's ceiling of %d bytes",
+                        self.address, size, self.max_message_size_ceiling)
+            size = self.max_message_size_ceiling
+        self.max_message_size = size
+        self._decoder.max_frame_size = size + FRAME_HEADROOM
 
     # ------------------------------------------------------------ asyncio hooks
 

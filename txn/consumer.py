@@ -16,13 +16,18 @@ from .backoff import Backoff
 from .connection import Connection, check_error, command, next_request_id
 from .errors import (
     AlreadyClosed,
+    ChecksumMismatch,
     ConnectError,
+    CorruptMessage,
+    PayloadTooLarge,
     ProtocolError,
     PulsarError,
+    SizeLimitExceeded,
     from_server_error,
 )
 from .message import Message, MessageId, ReceivedMessage
 from .protocol import Frame, decompress, pb, split_batch
+from .protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
 from .receive_queue import ReceiveQueue
 
 if TYPE_CHECKING:
@@ -166,6 +171,7 @@ class _TopicConsumer:
         self.end_of_topic = False
         self.active = True
         self.resume_from: MessageId | None = None  # non-durable readers: where a resubscribe starts
+        self.payload_limit = DEFAULT_MAX_MESSAGE_SIZE  # bound on a decompressed entry; set at subscribe
 
     def __hash__(self) -> int:
         return self.consumer_id
@@ -208,6 +214,8 @@ class _TopicConsumer:
             conn.consumers.pop(self.consumer_id, None)
             raise
         self._conn = conn
+        pool = self.client._pool  # noqa: SLF001
+        self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
         self.parent._queue.reset(self)  # noqa: SLF001
         conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
         self._ready.set()
@@ -225,7 +233,9 @@ class _TopicConsumer:
         self._conn = None
         self._ready.clear()
         # The broker redelivers whatever we did not ack, so drop what is queued here.
-        self.parent._queue.remove_where(lambda m: m._consumer is self)  # noqa: SLF001
+        # (A corrupt entry's queued error goes too: the entry comes again, and so does its error.)
+        self.parent._queue.remove_where(  # noqa: SLF001
+            lambda m: m._consumer is self or getattr(m, "owner", None) is self)  # noqa: SLF001
         if self._closed or (self._reconnect_task and not self._reconnect_task.done()):
             return
         log.info("consumer on %s disconnected (%s); resubscribing", self.topic, exc)
@@ -275,26 +285,33 @@ class _TopicConsumer:
             return
         mid = cmd.message_id
         if not frame.checksum_ok:
-            log.error("checksum mismatch on %s entry %d:%d; leaving it unacked for redelivery",
-                      self.topic, mid.ledgerId, mid.entryId)
-            self._skip(n)
+            self._reject(ChecksumMismatch, "checksum mismatch", mid, n)
             return
         if meta.HasField("marker_type"):
             self._skip(n)
             return
         try:
-            payload = decompress(meta.compression, frame.payload or b"", meta.uncompressed_size)
+            if n < 1:
+                raise ProtocolError(f"batch entry declares {n} messages")
+            payload = decompress(meta.compression, frame.payload or b"", meta.uncompressed_size, self.payload_limit)
             msgs = self._build(cmd, meta, payload, batched, n)
         except ProtocolError as exc:
-            log.error("undecodable entry %d:%d on %s: %s; leaving it unacked", mid.ledgerId, mid.entryId,
-                      self.topic, exc)
-            self._skip(n)
+            self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
+                         f"undecodable payload: {exc.message}", mid, n)
             return
         skipped = n - len(msgs)
         if skipped:
             self._skip(skipped)
         if msgs:
             self.parent._queue.put_many(msgs)  # noqa: SLF001
+
+    def _reject(self, kind: type[CorruptMessage], what: str, mid: pb.MessageIdData, n: int) -> None:
+        """Report a corrupt entry in the receive queue, in its place; it stays unacknowledged."""
+        err = kind(f"{what}; the entry is left unacknowledged", topic=self.topic,
+                   message_id=MessageId(mid.ledgerId, mid.entryId, self.partition, topic=self.topic))
+        log.error("%s", err)
+        self._skip(max(n, 1))
+        self.parent._queue.put_error(err, self)  # noqa: SLF001
 
     def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,
                n: int) -> list[ReceivedMessage]:

@@ -95,6 +95,46 @@ class ProtocolError(PulsarError):
     """A frame or command from the peer was malformed; the connection is closed."""
 
 
+class SizeLimitExceeded(ProtocolError):
+    """A size read from the wire (a frame, a declared payload size) passes the client's bound."""
+
+
+class CorruptMessage(PulsarError):
+    """A message failed its checksum, or its payload does not decode within its declared bounds.
+
+    ``receive()`` and ``read_next()`` raise it at the message's place in the stream; the
+    consumer stays usable and the next call returns the next message. The entry is left
+    unacknowledged (so a durable subscription keeps it); acknowledge ``message_id`` to drop
+    it. ``reason`` names the check that failed: ``checksum``, ``size`` or ``decode``.
+    """
+
+    reason = "decode"
+
+    def __init__(self, message: str, *, topic: str | None = None, message_id: Any = None) -> None:
+        self.message_id = message_id
+        super().__init__(message, topic=topic)
+
+    def _render(self) -> str:
+        text = super()._render()
+        return text if self.message_id is None else f"{text} | message_id={self.message_id}"
+
+
+class ChecksumMismatch(CorruptMessage):
+    """The payload's CRC32C does not match the one the producer computed."""
+
+    reason = "checksum"
+
+
+class PayloadTooLarge(CorruptMessage):
+    """The payload declares or decodes to more bytes than its metadata or the client's limit allow."""
+
+    reason = "size"
+
+
+class TooManyPartitions(PulsarError):
+    """The broker reported more partitions for a topic than the client's ``max_partitions``."""
+
+
 class AlreadyClosed(PulsarError):
     """The client, producer or consumer was closed."""
 

@@ -11,13 +11,15 @@ from urllib.parse import urlparse
 
 from .auth import Authentication
 from .backoff import Backoff
-from .connection import Connection, check_error, command, next_request_id
-from .errors import ConnectError, PulsarError, Timeout, from_server_error
+from .connection import MAX_MESSAGE_SIZE_CEILING, Connection, check_error, command, next_request_id
+from .errors import ConnectError, PulsarError, Timeout, TooManyPartitions, from_server_error
 from .protocol import pb
 
 log = logging.getLogger("txn.pool")
 T = pb.BaseCommand
 MAX_REDIRECTS = 20
+#: Default bound on a partition count the broker reports.
+MAX_PARTITIONS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +64,14 @@ class ConnectionPool:
         tls_trust_certs_file_path: str | None = None,
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
+        max_partitions: int = MAX_PARTITIONS,
+        max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
+        max_uncompressed_message_size: int | None = None,
     ) -> None:
+        self.max_partitions = max_partitions
+        self.max_message_size_ceiling = max_message_size_ceiling
+        #: Bound on a decompressed entry; ``None``: the connection's ``max_message_size``.
+        self.max_uncompressed_message_size = max_uncompressed_message_size
         self.service_addresses = parse_service_url(service_url)
         self.service_url = service_url
         self.auth = auth
@@ -130,6 +139,7 @@ class ConnectionPool:
             proxy_to_broker_url=(logical_url.split("://", 1)[1] if logical_url != physical_url else None),
             operation_timeout=self.connection_timeout,
             keepalive_interval=self.keepalive_interval,
+            max_message_size_ceiling=self.max_message_size_ceiling,
         )
         await conn.open()
         conn.operation_timeout = self.operation_timeout
@@ -204,6 +214,10 @@ class ConnectionPool:
             if r.HasField("response") and r.response == pb.CommandPartitionedTopicMetadataResponse.Failed:
                 name = pb.ServerError.Name(r.error) if r.HasField("error") else "UnknownError"
                 raise from_server_error(name, f"partition metadata failed: {r.message}", topic=topic)
+            if r.partitions > self.max_partitions:
+                raise TooManyPartitions(
+                    f"broker {conn.address} reports {r.partitions} partitions, more than max_partitions="
+                    f"{self.max_partitions}", topic=topic)
             return r.partitions
 
         return await self.retrying(f"partition metadata of {topic}", once, topic=topic)

@@ -19,6 +19,20 @@ from typing import Any
 from .errors import AlreadyClosed, Timeout
 
 
+class QueuedError:
+    """Holds a corrupt entry's place in the queue; taking it raises ``error``.
+
+    Its permits were counted when it was queued, so it counts none when taken.
+    """
+
+    __slots__ = ("error", "owner")
+    _consumer = None
+
+    def __init__(self, error: BaseException, owner: Any) -> None:
+        self.error = error
+        self.owner = owner  # the sub-consumer whose entry it stands for
+
+
 class ReceiveQueue:
     """Messages waiting for ``receive``; fed by the event loop, drained by any thread."""
 
@@ -47,6 +61,10 @@ class ReceiveQueue:
                 w.set_result(None)
                 break
 
+    def put_error(self, error: BaseException, owner: Any) -> None:
+        """Queue ``error`` after the messages already queued (event-loop thread)."""
+        self.put_many([QueuedError(error, owner)])
+
     def count(self, sub: Any, n: int) -> int:
         """Count ``n`` permits used for ``sub``; returns permits to grant now (0 below threshold)."""
         with self._lock:
@@ -72,6 +90,8 @@ class ReceiveQueue:
                 sub._taken += 1  # noqa: SLF001
                 if sub._taken >= sub._threshold:  # noqa: SLF001
                     flow, sub._taken = sub._taken, 0  # noqa: SLF001
+            elif type(item) is QueuedError:
+                raise item.error
         if flow:
             self._flow(sub, flow)
         return item

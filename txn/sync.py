@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 
 from .auth import Authentication
 from .client import AsyncClient
+from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
 from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result, Timeout
 from .message import Message, MessageId
+from .pool import MAX_PARTITIONS
 from .producer import AsyncProducer, _run_callback
 from .protocol import CompressionType
 from .transaction import AsyncTransaction, TxnState
@@ -345,6 +347,9 @@ class Client:
         tls_trust_certs_file_path: str | None = None,
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
+        max_partitions: int = MAX_PARTITIONS,
+        max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
+        max_uncompressed_message_size: int | None = None,
     ) -> None:
         self._lt = _LoopThread()
         self._closed = False
@@ -359,6 +364,9 @@ class Client:
                 tls_trust_certs_file_path=tls_trust_certs_file_path,
                 tls_allow_insecure_connection=tls_allow_insecure_connection,
                 tls_validate_hostname=tls_validate_hostname,
+                max_partitions=max_partitions,
+                max_message_size_ceiling=max_message_size_ceiling,
+                max_uncompressed_message_size=max_uncompressed_message_size,
             )
 
         try:

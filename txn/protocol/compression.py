@@ -9,7 +9,7 @@ import cramjam
 import lz4.block
 import zstandard
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, SizeLimitExceeded
 
 
 class CompressionType(IntEnum):
@@ -42,27 +42,46 @@ def compress(codec: CompressionType, data: bytes) -> bytes:
     raise ValueError(f"unknown compression type {codec!r}")
 
 
-def decompress(codec: int, data: bytes, uncompressed_size: int, limit: int = 64 * 1024 * 1024) -> bytes:
+#: Default bound on a declared uncompressed size when the caller gives none.
+DEFAULT_DECOMPRESS_LIMIT = 64 * 1024 * 1024
+
+
+def decompress(codec: int, data: bytes, uncompressed_size: int, limit: int = DEFAULT_DECOMPRESS_LIMIT) -> bytes:
     """Decompress ``data``; raise :class:`ProtocolError` if it does not decode to ``uncompressed_size``.
 
-    ``limit`` caps the declared size, so a hostile header cannot make us allocate without bound.
+    No codec allocates more than ``min(uncompressed_size, limit)`` bytes of output: the declared
+    size is checked against ``limit`` first (:class:`SizeLimitExceeded`), and a size the payload
+    states itself (ZSTD's frame header, Snappy's length prefix) must equal the declared one
+    before anything is decoded.
     """
-    if codec != CompressionType.NONE and not 0 <= uncompressed_size <= limit:
-        raise ProtocolError(f"declared uncompressed size {uncompressed_size} exceeds the limit of {limit} bytes")
+    if codec == CompressionType.NONE:
+        return data
+    if not 0 <= uncompressed_size <= limit:
+        raise SizeLimitExceeded(f"declared uncompressed size {uncompressed_size} exceeds the limit of {limit} bytes")
     try:
-        if codec == CompressionType.NONE:
-            out = data
-        elif codec == CompressionType.LZ4:
+        if codec == CompressionType.LZ4:
             out = lz4.block.decompress(data, uncompressed_size=uncompressed_size)
         elif codec == CompressionType.ZLIB:
-            # Bounded: never inflate past the declared size (a zlib bomb stops here).
+            # Never inflate past the declared size (a zlib bomb stops here).
             d = zlib.decompressobj()
             out = d.decompress(data, max(uncompressed_size, 1))
             if not d.eof or d.unconsumed_tail:
-                raise ProtocolError(f"ZLIB payload inflates beyond the declared {uncompressed_size} bytes")
+                raise SizeLimitExceeded(f"ZLIB payload inflates beyond the declared {uncompressed_size} bytes")
         elif codec == CompressionType.ZSTD:
+            # python-zstandard sizes its output by the frame's content size and ignores
+            # max_output_size when the frame states one, so check that size first.
+            stated = zstandard.frame_content_size(data)
+            if stated != -1 and stated != uncompressed_size:
+                raise SizeLimitExceeded(
+                    f"ZSTD frame states {stated} bytes, the metadata declares {uncompressed_size}"
+                )
             out = _zstd_d.decompress(data, max_output_size=max(uncompressed_size, 1))
         elif codec == CompressionType.SNAPPY:
+            stated = _snappy_length(data)
+            if stated != uncompressed_size:
+                raise SizeLimitExceeded(
+                    f"SNAPPY payload states {stated} bytes, the metadata declares {uncompressed_size}"
+                )
             out = bytes(cramjam.snappy.decompress_raw(data))
         else:
             raise ProtocolError(f"unknown compression type {codec}")
@@ -70,8 +89,17 @@ def decompress(codec: int, data: bytes, uncompressed_size: int, limit: int = 64 
         raise
     except Exception as exc:  # codec libraries raise assorted types
         raise ProtocolError(f"cannot decompress {CompressionType(codec).name} payload: {exc}") from exc
-    if codec != CompressionType.NONE and len(out) != uncompressed_size:
-        raise ProtocolError(
-            f"decompressed size {len(out)} differs from the declared {uncompressed_size}"
-        )
+    if len(out) != uncompressed_size:
+        raise ProtocolError(f"decompressed size {len(out)} differs from the declared {uncompressed_size}")
     return out
+
+
+def _snappy_length(data: bytes) -> int:
+    """The uncompressed length a raw Snappy block states in its varint prefix."""
+    value = 0
+    for i in range(min(len(data), 5)):
+        b = data[i]
+        value |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            return value
+    raise ProtocolError("SNAPPY payload has no valid length prefix")
