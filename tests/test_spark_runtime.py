@@ -95,6 +95,30 @@ def test_runtime_batches_commit_exactly_once(broker, spark, official, unique_nam
     assert read_until_sentinel(official, again, inp) == []
 
 
+def test_runtime_skips_inputs_the_ledger_shows_committed(broker, spark, official, unique_name):  # noqa: F811
+    """Committed acks lost (here: the cursor reset to the start) never make the runtime commit a batch twice."""
+    from txn.admin import admin_request
+
+    inp, out, ledger = (f"persistent://public/default/{unique_name(x)}" for x in ("in", "out", "ledger"))
+    p = official.create_producer(inp, batching_enabled=True, batching_max_messages=7, batching_max_publish_delay_ms=50)
+    for i in range(40):
+        p.send_async(f"v{i}".encode(), None)
+    p.flush()
+    p.close()
+    reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)
+    stats, _ = _run(broker, spark, upper_transform, [inp], out, ledger, batch_max_messages=15, batch_max_delay_ms=1000)
+    assert sorted(m.data() for m in read_n(reader, 40)) == sorted(f"V{i}".encode() for i in range(40))
+    path = inp.replace("persistent://", "/admin/v2/persistent/")
+    assert admin_request("POST", broker.admin_url, f"{path}/subscription/rt/resetcursor/0")[0] in (200, 204)
+    stats, records = _run(broker, spark, upper_transform, [inp], out, ledger, batch_max_messages=15,
+                          batch_max_delay_ms=1000)
+    assert (stats.messages, stats.duplicates_skipped, stats.outputs) == (0, 40, 0)
+    assert read_until_sentinel(official, reader, out) == []
+    committed = [r for r in records if r.kind == "COMMITTED"]
+    assert sum(len(ids) for r in committed for ids in r.inputs.values()) == 40
+    assert sum(len(ids) for r in committed for ids in r.duplicates.values()) == 40
+
+
 def test_runtime_windowed_counts_across_two_inputs(broker, spark, official, unique_name):  # noqa: F811
     from spark_jobs.jobs.windowed_counts import transform
 
