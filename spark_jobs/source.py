@@ -14,6 +14,15 @@ positions and the offsets JSON. Reads are read-committed: the broker never deliv
 messages of open or aborted transactions to readers, and a partition's last message id (which
 ends a ``latest`` range) is the last message it can deliver.
 
+Pulsar keeps data only for durable subscriptions, so a streaming query holds one on every
+partition it reads (see :mod:`spark_jobs.subscription`): created before the first offset is
+returned, at the query's start position, and moved forward in ``commit(end)``. The broker then
+keeps everything the query has not committed (and the last committed entry, so that a restart
+can check that its start is still stored). A read whose start is no longer stored (a ledger
+trimmed, a topic deleted and re-created, a subscription skipped, cleared or removed) raises
+:class:`PulsarDataLossError`, or with ``failOnDataLoss=false`` logs the same facts as a warning
+and reads what is left.
+
 Options (names are case-insensitive):
 
 - ``service_url`` (required): ``pulsar://host:6650`` or ``pulsar+ssl://...``.
@@ -45,6 +54,12 @@ Options (names are case-insensitive):
   the known partitions for their last message id.
 - ``pollTimeoutMs`` (default 60000): how long a read waits for a message known to be stored
   before failing the task.
+- ``subscription`` (streaming; alias ``predefinedSubscription``): the name of the query's durable
+  subscription. Default: a new ``spark-pulsar-<32 hex>`` for a new checkpoint, kept in the
+  checkpoint's offsets. Drop it when the query is retired: ``pulsar-txn spark drop-subscription``.
+- ``failOnDataLoss`` (default ``true``): fail a read whose start is no longer stored by the
+  broker (:class:`PulsarDataLossError`, naming the topic, partition and missing range); with
+  ``false``, log a warning with the same facts and go on with what is stored.
 - ``authToken`` (a token or ``file:///path``), ``tlsTrustCertsFilePath``,
   ``tlsAllowInsecureConnection``: connection security (the token is also sent to the admin
   API as a bearer token).
@@ -62,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import ssl
 import threading
@@ -102,6 +118,7 @@ from .offsets import (
     position_of,
     to_message_id,
 )
+from .subscription import SUBSCRIPTION_KEY, check_subscription_name, new_subscription_name, split_offset
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -116,6 +133,9 @@ SCHEMA = StructType([
 ])
 
 _ROWS_PER_BATCH = 4096
+_BUSY_WAIT_S = 90.0  # how long a subscription held by another consumer (a dying driver's) is retried
+_BEFORE_ENTRY_0 = (1 << 64) - 1  # entry id -1 on the wire: the position before a ledger's first entry
+log = logging.getLogger("spark_jobs.source")
 _NAME_PART = re.compile(r"[A-Za-z0-9_=:.\-]+")
 
 
@@ -138,6 +158,8 @@ class SourceOptions:
     auth_token: str | None = None
     tls_trust_certs_file_path: str | None = None
     tls_allow_insecure_connection: bool = False
+    subscription: str | None = None
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SourceOptions:
@@ -181,9 +203,15 @@ class SourceOptions:
         poll = _positive_int(o["polltimeoutms"], "pollTimeoutMs") if "polltimeoutms" in o else 60000
         discovery = (_positive_int(o["partitiondiscoveryintervalms"], "partitionDiscoveryIntervalMs")
                      if "partitiondiscoveryintervalms" in o else 10000)
-        insecure = str(o.get("tlsallowinsecureconnection", "false")).strip().lower()
-        if insecure not in ("true", "false"):
-            raise ValueError(f"tlsAllowInsecureConnection must be true or false, got {insecure!r}")
+        insecure = _bool(o.get("tlsallowinsecureconnection", "false"), "tlsAllowInsecureConnection")
+        subscription = None
+        for key, option in (("subscription", "subscription"), ("predefinedsubscription", "predefinedSubscription")):
+            if key in o:
+                name = check_subscription_name(o[key], option)
+                if subscription is not None and name != subscription:
+                    raise ValueError(f"subscription and predefinedSubscription name different subscriptions: "
+                                     f"{subscription!r} and {name!r}")
+                subscription = name
         return cls(
             service_url=url,
             topics=topics,
@@ -196,7 +224,9 @@ class SourceOptions:
             discovery_interval_ms=discovery,
             auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
             tls_trust_certs_file_path=str(o["tlstrustcertsfilepath"]) if o.get("tlstrustcertsfilepath") else None,
-            tls_allow_insecure_connection=insecure == "true",
+            tls_allow_insecure_connection=insecure,
+            subscription=subscription,
+            fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),
         )
 
     def client_kwargs(self) -> dict[str, Any]:
@@ -209,6 +239,13 @@ class SourceOptions:
         if self.tls_allow_insecure_connection:
             kw["tls_allow_insecure_connection"] = True
         return kw
+
+
+def _bool(value: Any, option: str) -> bool:
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError(f"{option} must be true or false, got {value!r}")
+    return text == "true"
 
 
 def _positive_int(value: Any, option: str) -> int:
@@ -325,6 +362,7 @@ class _Pulsar:
         self._thread = threading.Thread(target=self._loop.run_forever, name="pulsar-source", daemon=True)
         self._thread.start()
         self._probes: dict[str, Any] = {}
+        self._held: dict[str, Any] = {}  # partition -> consumer on the query's durable subscription
         try:
             self.client: txn.AsyncClient = self.run(self._make())
         except BaseException:
@@ -407,6 +445,56 @@ class _Pulsar:
             return await asyncio.gather(*(self._last(n) for n in names))
 
         return dict(zip(names, self.run(all_()), strict=True))
+
+    # -- the streaming query's durable subscription
+
+    def hold(self, subscription: str, names: list[str]) -> list[str]:
+        """Hold ``subscription`` on each of ``names`` not held yet (an exclusive consumer, created
+        at the earliest stored message if new); returns the partitions newly held."""
+        new = [n for n in names if n not in self._held]
+        if new:
+
+            async def all_() -> None:
+                await asyncio.gather(*(self._hold_one(subscription, n) for n in new))
+
+            self.run(all_())
+        return new
+
+    async def _hold_one(self, subscription: str, name: str) -> None:
+        deadline = time.monotonic() + _BUSY_WAIT_S
+        while True:
+            try:
+                self._held[name] = await self.client.subscribe(
+                    name, subscription, consumer_type=txn.ConsumerType.Exclusive,
+                    initial_position=txn.InitialPosition.Earliest, receiver_queue_size=1)
+                return
+            except txn.ConsumerBusy:
+                # A driver that just died may still be connected until the broker notices.
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"pulsar source: the subscription {subscription!r} on {name} is held by another consumer "
+                        f"for over {_BUSY_WAIT_S:.0f} s: is another query with this checkpoint (or this "
+                        "subscription option) running?") from None
+                await asyncio.sleep(1.0)
+
+    def mark(self, positions: dict[str, Position]) -> None:
+        """Move the held subscription's cursor up to (not including) the entry of each position.
+
+        The broker then keeps that entry and everything after it; moving a cursor back is a no-op.
+        """
+
+        async def ack() -> None:
+            for name, pos in positions.items():
+                consumer = self._held.get(name)
+                if consumer is None or pos == EARLIEST_POS:
+                    continue
+                ledger, entry, _ = pos
+                target = txn.MessageId(ledger, entry - 1 if entry > 0 else _BEFORE_ENTRY_0)
+                consumer.acknowledge_nowait(target, cumulative=True)
+                for sub in consumer._subs:  # noqa: SLF001 - send now rather than at the next grouping tick
+                    sub.flush_acks()
+
+        self.run(ack())
 
     def scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int) -> dict[str, Position]:
         """Positions at most ``budget`` messages after ``starts`` (in total), not beyond ``ends``."""
@@ -506,11 +594,90 @@ def _arrow_schema() -> Any:
     ])
 
 
+class PulsarDataLossError(RuntimeError):
+    """The start of a range to read is no longer stored by the broker.
+
+    Attributes: ``topic`` (the partition's full name), ``partition`` (-1 if not partitioned),
+    ``start`` and ``end`` (the range ``(start, end]`` in offsets-JSON form) and ``first_stored``
+    (the first message still stored after ``start``, or None if there is none).
+    """
+
+    def __init__(self, topic: str, partition: int, start: str, end: str, first_stored: str | None) -> None:
+        self.topic, self.partition, self.start, self.end, self.first_stored = topic, partition, start, end, first_stored
+        super().__init__(data_loss_message(topic, partition, start, end, first_stored))
+
+
+def data_loss_message(topic: str, partition: int, start: str, end: str, first_stored: str | None) -> str:
+    """The facts of a data loss, as :class:`PulsarDataLossError` and the warning state them."""
+    if first_stored is None:
+        missing = f"every message after {start} is gone (the topic stores nothing from there on)"
+    else:
+        missing = f"the messages after {start} and before {first_stored} are gone"
+    return (f"pulsar source: data loss on {topic} (partition {partition}): {missing}; the range to read was "
+            f"({start}, {end}]. The broker no longer stores the start of the range (a ledger trimmed by retention, "
+            "the topic deleted and re-created, or the query's subscription skipped, cleared or removed). "
+            "Set failOnDataLoss=false to read what is left with a warning instead.")
+
+
+class _Prefixed:
+    """A reader that hands out ``first`` before its own next message."""
+
+    def __init__(self, reader: Any, first: txn.Message | None) -> None:
+        self._reader, self._first = reader, first
+
+    async def read_next(self, timeout_millis: int | None = None) -> txn.Message:
+        if self._first is not None:
+            m, self._first = self._first, None
+            return m
+        return await self._reader.read_next(timeout_millis)
+
+
+async def _open_checked(client: txn.AsyncClient, opts: SourceOptions, part: PulsarInputPartition, start: Position,
+                        end: Position) -> Any:
+    """A reader of ``(start, end]`` that has checked that ``start``'s entry is still stored.
+
+    It reads from ``start``'s entry inclusive: the first message must be in that entry. (Every
+    start the source plans is a message it delivered or a partition's last message, and a
+    streaming query's subscription holds that entry.) If it is not, the messages between it and
+    the first one stored are gone: :class:`PulsarDataLossError`, or a warning with
+    ``failOnDataLoss=false`` and the read goes on from the first stored message.
+    Returns None if nothing at all is left to read.
+    """
+    if start == EARLIEST_POS:
+        return await client.create_reader(part.name, txn.EARLIEST, receiver_queue_size=1000)
+    entry = start[:2]
+    reader = await client.create_reader(part.name, txn.MessageId(entry[0], entry[1]), start_message_id_inclusive=True,
+                                        receiver_queue_size=1000)
+    first: txn.Message | None = None
+    last = last_position(await reader._sub.get_last_message_id())  # noqa: SLF001
+    if last is not None and last[:2] >= entry:
+        try:
+            first = await reader.read_next(opts.poll_timeout_ms)
+        except txn.Timeout:
+            await reader.close()
+            raise RuntimeError(
+                f"pulsar source: no message from {part.name} within pollTimeoutMs={opts.poll_timeout_ms} ms from "
+                f"position {format_position(start)} while reading up to {format_position(end)}") from None
+        if position_of(first.message_id())[:2] == entry:
+            return _Prefixed(reader, first)
+    stored = format_position(position_of(first.message_id())) if first is not None else None
+    facts = (part.name, part.partition, format_position(start), format_position(end), stored)
+    if opts.fail_on_data_loss:
+        await reader.close()
+        raise PulsarDataLossError(*facts)
+    log.warning("%s (failOnDataLoss=false: reading on)", data_loss_message(*facts))
+    if first is None:
+        await reader.close()
+        return None
+    return _Prefixed(reader, first)
+
+
 def read_partition(opts: SourceOptions, part: PulsarInputPartition | None) -> Iterator[Any]:
     """Yield the messages of ``(part.start, part.end]`` as Arrow record batches (runs on executors).
 
     The task has its own client, on an event-loop thread of its own (one thread hop per
     record batch rather than one per message, as :class:`txn.Client` would); closed at the end.
+    A start that is no longer stored raises :class:`PulsarDataLossError` (see ``failOnDataLoss``).
     """
     if part is None:
         return
@@ -520,8 +687,8 @@ def read_partition(opts: SourceOptions, part: PulsarInputPartition | None) -> It
     schema = _arrow_schema()
     conn = _Pulsar(opts)
     try:
-        reader = conn.run(conn.client.create_reader(part.name, _start_id(start), receiver_queue_size=1000))
-        at, done = start, False
+        reader = conn.run(_open_checked(conn.client, opts, part, start, end))
+        at, done = start, reader is None
         while not done:
             msgs: list[txn.Message] = []
             at, done, _ = conn.run(_take(reader, part.name, at, end, _ROWS_PER_BATCH, opts.poll_timeout_ms, msgs))
@@ -628,6 +795,10 @@ class PulsarStreamReader(DataSourceStreamReader):
     micro-batch starts: the end of the last planned range (``partitions(start, end)``; Spark
     also calls it with ``(latest, latest)`` when a query restarts from its checkpoint), else
     the initial offset.
+
+    Every offset also names the query's durable subscription (``"subscription"``): it is held
+    on every partition from ``initialOffset()`` (or from discovery, for a new partition; or from
+    the first ``partitions()`` after a restart), and ``commit(end)`` moves its cursor to ``end``.
     """
 
     def __init__(self, opts: SourceOptions) -> None:
@@ -637,10 +808,28 @@ class PulsarStreamReader(DataSourceStreamReader):
         self._next_start: dict[str, str] | None = None
         self._tps: list[TopicPartition] = []
         self._tps_at = float("-inf")
+        self._subscription: str | None = opts.subscription
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "_planner": None, "_initial": None, "_next_start": None, "_tps": [],
-                "_tps_at": float("-inf")}
+                "_tps_at": float("-inf"), "_subscription": None}
+
+    def _positions(self, offset: dict, what: str) -> dict[str, Position]:
+        """The partition positions of a Spark offset; learns the subscription's name from it."""
+        name, rest = split_offset(offset)
+        if self._subscription is None:
+            self._subscription = name  # None for a checkpoint written before subscriptions
+        return offsets_from_json(rest, what)
+
+    def _offset(self, positions: Mapping[str, Position]) -> dict[str, str]:
+        out = offsets_to_json(positions)
+        out[SUBSCRIPTION_KEY] = self._sub_name()
+        return out
+
+    def _sub_name(self) -> str:
+        if self._subscription is None:
+            self._subscription = new_subscription_name()
+        return self._subscription
 
     def _resolve(self) -> list[TopicPartition]:
         now = time.monotonic()
@@ -658,11 +847,15 @@ class PulsarStreamReader(DataSourceStreamReader):
             planner = self._p()
             tps = self._resolve()
             _check_keys(self.opts.starting, "startingOffsets", tps)
+            # Subscribe first: from then on the broker keeps everything the query may read.
+            planner.hold(self._sub_name(), [tp.name for tp in tps])
             lasts = planner.last_positions([tp.name for tp in tps])
-            self._initial = offsets_to_json({
+            starts = {
                 tp.name: _start_position(_spec_for(self.opts.starting, tp.name, LATEST, EARLIEST), lasts[tp.name])
                 for tp in tps
-            })
+            }
+            planner.mark(starts)
+            self._initial = self._offset(starts)
         return dict(self._initial)
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
@@ -670,10 +863,11 @@ class PulsarStreamReader(DataSourceStreamReader):
         # Spark 4.1 calls latestOffset() without arguments.
         if start is None:
             start = self._next_start if self._next_start is not None else self.initialOffset()
-        start = offsets_from_json(start, "start offset")
+        start = self._positions(start, "start offset")
         cap = None if type(limit).__name__ == "ReadAllAvailable" else self.opts.max_per_trigger
         planner = self._p()
         tps = self._resolve()
+        planner.hold(self._sub_name(), [tp.name for tp in tps])  # a new partition is held from discovery on
         lasts = planner.last_positions([tp.name for tp in tps])
         grown: dict[str, Position] = {}
         for tp in tps:
@@ -686,12 +880,17 @@ class PulsarStreamReader(DataSourceStreamReader):
         for n, p in grown.items():
             if n in start or p != EARLIEST_POS:  # a new partition joins once it has something to read
                 ends[n] = p
-        return offsets_to_json(ends)
+        return self._offset(ends)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        self._next_start = dict(end)
-        s = offsets_from_json(start, "start offset")
-        e = offsets_from_json(end, "end offset")
+        s = self._positions(start, "start offset")
+        e = self._positions(end, "end offset")
+        self._next_start = self._offset(e)
+        # After a restart: hold the subscription again (re-created if it was dropped) and move
+        # it up to the committed start (a no-op for a cursor that is already there).
+        held = self._p().hold(self._sub_name(), sorted(e))
+        if held:
+            self._p().mark({n: s.get(n, EARLIEST_POS) for n in held})
         out: list[InputPartition] = []
         for name in sorted(e):
             a = s.get(name, EARLIEST_POS)
@@ -705,7 +904,18 @@ class PulsarStreamReader(DataSourceStreamReader):
         return read_partition(self.opts, partition)  # type: ignore[arg-type]
 
     def commit(self, end: dict) -> None:
-        pass
+        """Move the subscription's cursor to ``end``: the broker may free what the query committed.
+
+        A failure here only delays that (the next commit moves the cursor further), so it is
+        logged, not raised.
+        """
+        e = self._positions(end, "end offset")
+        try:
+            self._p().hold(self._sub_name(), sorted(e))
+            self._p().mark(e)
+        except (txn.PulsarError, TimeoutError, OSError, RuntimeError) as exc:
+            log.warning("pulsar source: could not move subscription %r to the committed offsets %s: %s; the broker "
+                        "keeps their data until a later commit", self._subscription, offsets_to_json(e), exc)
 
     def stop(self) -> None:
         if self._planner is not None:
@@ -736,4 +946,5 @@ class PulsarDataSource(DataSource):
         return PulsarStreamReader(self.parsed)
 
 
-__all__ = ["SCHEMA", "PulsarDataSource", "PulsarInputPartition", "SourceOptions", "TopicPartition"]
+__all__ = ["SCHEMA", "PulsarDataLossError", "PulsarDataSource", "PulsarInputPartition", "SourceOptions",
+           "TopicPartition", "data_loss_message"]

@@ -22,6 +22,7 @@ from spark_jobs.offsets import (
     pos_key,
 )
 from spark_jobs.source import SourceOptions
+from txn.admin import admin_request
 from txn.localbroker import create_partitioned_topic
 
 from spark_session import spark  # noqa: F401
@@ -105,6 +106,10 @@ def test_positions_and_offsets_json():
 def test_option_errors_without_spark():
     ok = {"service_url": "pulsar://h:6650", "topics": "a"}
     assert SourceOptions.parse(ok).topics == ("persistent://public/default/a",)
+    parsed = SourceOptions.parse(ok)
+    assert (parsed.fail_on_data_loss, parsed.subscription) == (True, None)
+    parsed = SourceOptions.parse({**ok, "FAILONDATALOSS": "False", "predefinedSubscription": "q-1"})
+    assert (parsed.fail_on_data_loss, parsed.subscription) == (False, "q-1")
     assert SourceOptions.parse({**ok, "TOPICS": " a, b ,a"}).topics == (
         "persistent://public/default/a", "persistent://public/default/b")
     for opts, match in [
@@ -123,6 +128,9 @@ def test_option_errors_without_spark():
         ({**ok, "pollTimeoutMs": "-5"}, "pollTimeoutMs"),
         ({**ok, "endingOffsets": "earliest"}, "endingOffsets"),
         ({**ok, "startingOffsets": '{"a": "zz"}'}, "startingOffsets"),
+        ({**ok, "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
+        ({**ok, "subscription": "a b"}, "subscription must be 1-200 characters"),
+        ({**ok, "subscription": "a", "predefinedSubscription": "b"}, "name different subscriptions"),
     ]:
         with pytest.raises(ValueError, match=match):
             SourceOptions.parse(opts)
@@ -326,8 +334,14 @@ def test_streaming_capped_micro_batches_exactly_once_across_restart(spark, broke
     log = pathlib.Path(checkpoint, "offsets")
     last = max((f for f in log.iterdir() if f.name.isdigit()), key=lambda f: int(f.name))
     offsets = json.loads(last.read_text().splitlines()[-1])
+    sub = offsets.pop("subscription")  # the query's durable subscription, held on every partition
+    assert re.fullmatch(r"spark-pulsar-[0-9a-f]{32}", sub)
     assert sorted(offsets) == [f"{topic}-partition-0", f"{topic}-partition-1"]
     assert all(re.fullmatch(r"\d+:\d+:-?\d+", v) for v in offsets.values()), offsets
+    for p in range(2):
+        status, stats = admin_request("GET", broker.admin_url,
+                                      "/admin/v2/" + f"{topic}-partition-{p}".replace("://", "/") + "/stats")
+        assert status == 200 and sub in stats["subscriptions"]
     # Per partition, messages come in order.
     for k in range(5):
         mine = [v for v in got if int(v[1:]) % 5 == k]
