@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 
 from txn.client import AsyncClient
 from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, now_ms
-from txn.errors import Timeout
+from txn.errors import CorruptMessage, Timeout
 from txn.message import EARLIEST, Message, MessageId
 
 from . import db
@@ -368,6 +368,8 @@ class Projector:
                     entries.append(entry_of(await reader.read_next(timeout_millis=20)))
             except Timeout:
                 pass
+            except CorruptMessage as exc:  # failed its checksum or its size checks: quarantined, never retried
+                entries.append(Entry(exc.message_id, 0, None, b"", f"corrupt message ({exc.reason}): {exc.message}"))
             if entries:
                 new, quarantined = await asyncio.to_thread(apply_chunk, self.engine, topic, entries)
                 if quarantined:

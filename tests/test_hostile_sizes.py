@@ -317,3 +317,45 @@ def test_announced_max_message_size_is_clamped() -> None:
 
     asyncio.run(asyncio.wait_for(go(), 30))
 
+
+
+def test_projection_quarantines_a_corrupt_ledger_message(broker, topic, tmp_path: Path) -> None:
+    """A ledger message that lies about its size is quarantined and the projection moves past it
+    (reported by the reader, it would otherwise be retried forever)."""
+    from sqlalchemy import select
+
+    from coordinator_api import db
+    from coordinator_api.projection import Projector
+    from txn.delivery.ledger import LedgerRecord
+
+    recs = [LedgerRecord("COMMITTED", "corrupt", f"c:{i}", f"(0,{i})", 1, {"in": [f"(1,{i},-1,-1)"]}, {"out": 1},
+                         started_at_ms=i, ended_at_ms=i + 1).to_json() for i in (1, 2)]
+    engine = db.make_engine(f"sqlite:///{tmp_path}/p.db")
+
+    async def go() -> tuple[int, int, txn.MessageId]:
+        async with txn.AsyncClient(broker.service_url) as c:
+            await send_raw(c, topic, recs[0])
+            bomb = await send_raw(c, topic, zstd_bomb(BOMB), codec=CompressionType.ZSTD, uncompressed_size=1000)
+            await send_raw(c, topic, recs[1])
+            proj = Projector(engine, c, None)  # type: ignore[arg-type]
+            proj.follow(topic)
+            st = proj.status[topic]
+            for _ in range(600):  # up to ~60 s
+                if st.records + st.quarantined >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            await proj.stop()
+            return st.records, st.quarantined, bomb
+
+    try:
+        records, quarantined, bomb = asyncio.run(go())
+        assert (records, quarantined) == (2, 1)
+        with engine.connect() as conn:
+            rows = conn.execute(select(db.quarantine).where(db.quarantine.c.topic == topic)).all()
+            stored = conn.execute(select(db.ledger_records.c.batch_id).where(db.ledger_records.c.topic == topic)
+                                  .order_by(db.ledger_records.c.id)).scalars().all()
+        assert stored == ["c:1", "c:2"]
+        assert [(r.msg_ledger, r.msg_entry) for r in rows] == [(bomb.ledger_id, bomb.entry_id)]
+        assert rows[0].reason.startswith("corrupt message (size): undecodable payload: ZSTD frame states 268435456")
+    finally:
+        engine.dispose()
