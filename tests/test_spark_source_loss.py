@@ -185,3 +185,26 @@ def test_checkpoint_subscriptions_reader(tmp_path):
     (log / "2").write_text('v1\n{"batchWatermarkMs":0}\n{"persistent://a/b/c": "1:4:-1"}\n-\n'
                            '{"persistent://a/b/d-partition-1": "earliest", "subscription": "t"}')
     assert checkpoint_subscriptions(str(tmp_path)) == {"t": ["persistent://a/b/d-partition-1"]}
+
+
+def test_drop_subscription_cli(broker, client, topic, tmp_path, capsys):
+    from txn import cli
+
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"x")
+    held = client.subscribe(topic, "retired-query", initial_position=txn.InitialPosition.Earliest)
+    log = pathlib.Path(tmp_path, "offsets")
+    log.mkdir()
+    (log / "3").write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"{topic}": "1:2:-1", "subscription": "retired-query"}}')
+    args = ["spark", "drop-subscription", "--admin-url", broker.admin_url, "--checkpoint", str(tmp_path)]
+    assert cli.main(args) == 1  # a consumer is connected: refused
+    assert "stop the query first" in capsys.readouterr().err
+    held.close()
+    assert cli.main(args) == 0
+    assert capsys.readouterr().out == f"dropped subscription retired-query on {topic}\n"
+    assert "retired-query" not in _admin(broker, "GET", topic, "/stats")["subscriptions"]
+    assert cli.main(["spark", "drop-subscription", "--admin-url", broker.admin_url, "--topic", topic,
+                     "--subscription", "retired-query"]) == 0
+    assert capsys.readouterr().out == f"no subscription retired-query on {topic}\n"
+    assert cli.main(["spark", "drop-subscription", "--admin-url", broker.admin_url, "--topic", topic]) == 2
+    producer.close()

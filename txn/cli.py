@@ -5,6 +5,7 @@
     pulsar-txn process ...                exactly-once consume -> transform -> produce
     pulsar-txn replay --batch ID ...      replay a parked batch exactly once
     pulsar-txn spark submit JOB ...       Spark exactly-once runtime (DataFrame transform per batch)
+    pulsar-txn spark drop-subscription    drop a retired streaming query's subscription (pulsar source)
     pulsar-txn api | txns | batches | jobs   the control plane, and its client (see txn/cli_api.py)
 """
 
@@ -159,6 +160,37 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_drop_subscription(args: argparse.Namespace) -> int:
+    from spark_jobs.subscription import DropError, checkpoint_subscriptions, drop_subscription
+
+    if args.checkpoint:
+        try:
+            held = checkpoint_subscriptions(args.checkpoint)
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if args.subscription:
+            held = {k: v for k, v in held.items() if k == args.subscription}
+        if not held:
+            print(f"error: the checkpoint {args.checkpoint} names no pulsar source subscription"
+                  + (f" {args.subscription!r}" if args.subscription else ""), file=sys.stderr)
+            return 2
+    elif args.topic and args.subscription:
+        held = {args.subscription: args.topic}
+    else:
+        print("error: give --checkpoint, or --topic and --subscription", file=sys.stderr)
+        return 2
+    for name, topics in held.items():
+        for topic in topics:
+            try:
+                dropped = drop_subscription(args.admin_url, topic, name, token=args.auth_token)
+            except (DropError, OSError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            print(f"{'dropped' if dropped else 'no'} subscription {name} on {topic}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pulsar-txn", description="Exactly-once processing on Apache Pulsar")
     sub = p.add_subparsers(dest="command", required=True)
@@ -238,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--exit-when-idle-ms", type=int, default=None)
     sm.add_argument("--progress-interval", type=float, default=5.0)
     sm.set_defaults(func=cmd_spark_submit)
+    sd = ssub.add_parser("drop-subscription", help="drop the durable subscription a retired streaming query of the "
+                         "pulsar source holds (stop the query first)")
+    sd.add_argument("--admin-url", required=True, help="the broker's admin REST URL, e.g. http://127.0.0.1:8080")
+    sd.add_argument("--checkpoint", default=None, help="the query's (local) checkpoint: its subscription, partitions")
+    sd.add_argument("--topic", action="append", default=None, help="topic or partition (repeat for several)")
+    sd.add_argument("--subscription", default=None, help="the subscription (option subscription of the query)")
+    sd.add_argument("--auth-token", default=None, help="bearer token for the admin API")
+    sd.set_defaults(func=cmd_spark_drop_subscription)
 
     cli_api.register(sub)  # imports coordinator_api only when `api` runs
     return p
