@@ -125,9 +125,14 @@ def _txn_ack_ids(mids: list[MessageId], cumulative: bool) -> list[pb.MessageIdDa
 
 
 def _split_by_entry(mids: list[MessageId]) -> tuple[list[MessageId], list[list[MessageId]]]:
-    """(unbatched ids, the ids of each batch entry): how :meth:`AsyncConsumer.acknowledge_many`
-    lays out its transactional ACK commands. An unbatched id is a whole entry, which the broker's
-    cursor persists itself, so unbatched ids may share a command."""
+    """(ids of whole entries, the ids of each partly acknowledged batch entry): how
+    :meth:`AsyncConsumer.acknowledge_many` lays out its transactional ACK commands.
+
+    A whole entry (an unbatched message, or every message of a batch entry) is fully deleted once
+    committed, which the broker's cursor persists itself: whole entries may share a command. A
+    partly acknowledged entry goes alone, so that no fully deleted position can make the broker
+    skip its command when it replays the pending-ack log.
+    """
     whole: list[MessageId] = []
     entries: dict[tuple[int, int], list[MessageId]] = {}
     for mid in mids:
@@ -135,7 +140,13 @@ def _split_by_entry(mids: list[MessageId]) -> tuple[list[MessageId], list[list[M
             entries.setdefault((mid.ledger_id, mid.entry_id), []).append(mid)
         else:
             whole.append(mid)
-    return whole, list(entries.values())
+    partial = []
+    for ids in entries.values():
+        if len({m.batch_index for m in ids}) == ids[0].batch_size:
+            whole.extend(ids)
+        else:
+            partial.append(ids)
+    return whole, partial
 
 
 def _is_acked(ack_set: Any, i: int) -> bool:
@@ -682,13 +693,14 @@ class AsyncConsumer:
                                per_entry: bool = True) -> None:
         """Acknowledge ``messages`` inside ``txn``; the ACK commands are sent concurrently.
 
-        With ``per_entry`` (the default) the messages of each batch entry go in an ACK command of
-        their own, and the unbatched ones of a topic/partition share one (chunked). Pulsar 4.0.8
-        replays its pending-ack log one command at a time and drops a whole command when one of its
-        positions is already fully deleted, so a command that also carried a partial batch entry
-        loses that entry's batch-index acks at a broker restart and its messages come again
-        (tests/test_conformance_batch_ack_bug.py). ``per_entry=False`` sends one command per
-        topic/partition (chunked), as before; the conformance test uses it to show the broker bug.
+        With ``per_entry`` (the default) the messages of each partly acknowledged batch entry go in
+        an ACK command of their own, and whole entries (unbatched messages, batch entries acked in
+        full) of a topic/partition share one (chunked). Pulsar 4.0.8 replays its pending-ack log one
+        command at a time and skips a command when one of its positions is already fully deleted,
+        so a command that also carried a partial batch entry loses that entry's batch-index acks at
+        a broker restart and its messages come again (tests/test_conformance_batch_ack_bug.py).
+        ``per_entry=False`` sends one command per topic/partition (chunked), as before; the
+        conformance test uses it to show the broker bug.
         """
         self._check()
         groups: dict[_TopicConsumer, list[MessageId]] = {}
