@@ -11,9 +11,11 @@ import asyncio
 import random
 import struct
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 
 import pytest
+from hostile import snappy_bomb, zstd_bomb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -529,6 +531,41 @@ def test_decompress_mutated(
     except ProtocolError:
         return
     assert len(out) == size
+
+
+def _stating(codec: CompressionType, size: int) -> bytes:
+    """A payload of ``codec`` that decodes (or says it decodes) to ``size`` zero bytes."""
+    if codec == CompressionType.ZSTD:
+        return zstd_bomb(size)
+    if codec == CompressionType.SNAPPY:
+        return snappy_bomb(size // 64)
+    return compress(codec, bytes(size))
+
+
+@settings(FUZZ, max_examples=60, deadline=None)
+@given(
+    codec=st.sampled_from([c for c in CompressionType if c != CompressionType.NONE]),
+    stated=st.integers(0, 8 * 1024 * 1024),
+    declared=st.integers(0, 64 * 1024),
+    limit=st.sampled_from([1024, 64 * 1024, 5 * 1024 * 1024]),
+)
+def test_decompress_never_allocates_past_the_declared_size(codec: CompressionType, stated: int, declared: int,
+                                                           limit: int) -> None:
+    """Whatever a payload decodes to or states, the output never outgrows min(declared, limit)."""
+    data = _stating(codec, stated)
+    decompress(codec, compress(codec, b"warm"), 4)  # first-call allocations are not the payload's
+    tracemalloc.start()
+    try:
+        try:
+            out = decompress(codec, data, declared, limit)
+        except ProtocolError:
+            out = None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= min(declared, limit) + 256 * 1024, f"{peak} bytes traced for declared={declared}"
+    if out is not None:
+        assert len(out) == declared <= limit
 
 
 # ------------------------------------------------------- (e) misbehaving TCP peer
