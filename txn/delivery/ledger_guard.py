@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
 
-from ..errors import PulsarError
+from ..errors import CorruptMessage, PulsarError
 from ..message import EARLIEST, Message, MessageId
 from .ledger import SCHEMA
 
@@ -185,7 +185,15 @@ class LedgerGuard:
         assert reader is not None
         try:
             while True:
-                m = await reader.read_next()  # type: ignore[attr-defined]
+                try:
+                    m = await reader.read_next()  # type: ignore[attr-defined]
+                except CorruptMessage as exc:
+                    # Quarantined, never a poison pill: a ledger entry that fails its checksum or
+                    # does not decode is counted and logged, and the guard reads on.
+                    self.malformed += 1
+                    log.error("ledger guard on %s: unreadable ledger message %s skipped (%s)", self.ledger_topic,
+                              exc.message_id, exc)
+                    continue
                 self.apply(m.data())
                 mid = m.message_id()
                 self._position = (mid.ledger_id, mid.entry_id, mid.batch_index)
