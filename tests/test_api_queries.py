@@ -142,7 +142,7 @@ def test_read_queries_agree_with_their_definitions(url: str) -> None:
             assert queries.job_stats(engine, w["job"]) == w
         assert queries.job_stats(engine, "nope") is None and queries.job_detail(engine, "nope", 5) is None
 
-        replay_of = {r["batch_id"]: r for r in reps}
+        replay_of = {r["batch_id"]: {k: v for k, v in r.items() if k != "resumes"} for r in reps}  # not served
         newest = sorted(batches, key=lambda b: (b["started_at_ms"], b["batch_id"]), reverse=True)
         for recent in (0, 1, 20):
             got = queries.job_detail(engine, "big", recent)

@@ -12,7 +12,8 @@ topic exactly once.
 A second test opens a real transaction (producing one message in it), lets the page list it as
 slow and open, and aborts it with the Abort button: refused without a token (401) and with a
 wrong one (403, the transaction stays open), then aborted with the right token; the API reports
-it ABORTED and an official reader never sees its message.
+it ABORTED and an official reader never sees its message. A third lists quarantined ledger
+messages (markup in them shows as text).
 """
 
 from __future__ import annotations
@@ -441,3 +442,46 @@ def abort_on_page(page: Page, api: ApiServer, tid: str, path: str, console: list
     refused = [re.search(r"status of (\d+)", text) for _, text in console]
     assert [m.group(1) if m else text for m, (_, text) in zip(refused, console, strict=True)] == \
         ["401", "403", "409"], console
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_lists_quarantined_ledger_messages(broker: Any, tmp_path: Path) -> None:
+    """Two invalid ledger messages (one holding markup) between valid records: the page lists them
+    with their reasons, the markup as text; the valid records are projected."""
+    ns = f"public/dash-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    ledger = default_ledger_topic(f"persistent://{ns}/out")
+    ok = LedgerRecord("STARTED", "dash/q", "dash/q:1", "(0,1)", 1, {}, started_at_ms=now_ms())
+    bad_job = json.dumps({**json.loads(ok.to_json()), "job": ["<b>list</b>"]}).encode()
+    markup = b"<img src=x onerror=alert(1)> not a record"
+    ours = txn.Client(broker.service_url)
+    try:
+        p = ours.create_producer(ledger)
+        for data in (ok.to_json(), bad_job, markup, ok.to_json()):
+            p.send(data, partition_key="q")
+    finally:
+        ours.close()
+    api = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger]).start()
+    try:
+        wait_until("projected", lambda: any(p["topic"] == ledger and (p["records"], p["quarantined"]) == (2, 2)
+                                            for p in api.get("/health")["projection"]))
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                dialogs: list[str] = []
+                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+                page.goto(api.url + "/")
+                section = page.locator("#quarantine-section")
+                expect(section).to_have_attribute("data-total", "2", timeout=WAIT_MS)
+                expect(page.locator("#quarantine-total")).to_have_text("2 quarantined")
+                rows = page.locator("#quarantine-table [data-testid=quarantine-row]")
+                expect(rows).to_have_count(2)
+                expect(rows.nth(0)).to_contain_text("ledger record is not JSON")
+                expect(rows.nth(0)).to_contain_text(markup.decode())  # shown as text, never as markup
+                expect(rows.nth(1)).to_contain_text("field 'job' must be a string of 1..256 characters, got list")
+                assert page.locator("#quarantine-table img").count() == 0 and dialogs == []
+            finally:
+                browser.close()
+    finally:
+        api.stop()
