@@ -177,24 +177,39 @@ def test_payload_over_the_limit_is_typed_and_the_option_admits_it(broker, topic,
     assert admitted == big
 
 
-def test_processor_fails_loudly_on_a_lying_message(broker, unique_name) -> None:
+def test_processor_parks_an_unreadable_input_and_goes_on(broker, unique_name) -> None:
+    """A lying input is no poison pill: it is parked (with the reason) and the others are processed."""
+    from txn.delivery.processor import PARK_CORRUPT, PARK_SOURCE_ID
+    from txn.delivery.replay import read_ledger
+
     inp, out, ledger = (f"persistent://public/default/{unique_name(n)}" for n in ("in", "out", "ledger"))
     mid = _store(broker, inp, zstd_bomb(BOMB), CompressionType.ZSTD)
 
-    async def main() -> None:
+    async def main():
         async with txn.AsyncClient(broker.service_url) as client:
+            verify = await client.subscribe(out, "verify", initial_position=txn.InitialPosition.Earliest)
+            parked = await client.subscribe(inp + "-parked", "verify", initial_position=txn.InitialPosition.Earliest)
             conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job="hostile", ledger_topic=ledger)
             proc = AsyncProcessor(client, lambda m: m.data(), conf)
             await proc.start()
             try:
-                await asyncio.wait_for(proc.run(idle_exit_ms=5000), 60)
+                await asyncio.wait_for(proc.run(idle_exit_ms=3000), 60)
             finally:
                 await proc.close()
+            outs = sorted([(await verify.receive(10000)).data() for _ in range(2)])
+            p = await parked.receive(10000)
+            left = await client.subscribe(inp, "proc")
+            with pytest.raises(txn.Timeout):
+                await left.receive(2000)  # the unreadable entry was acknowledged with its parking
+            return proc.stats, outs, p, await read_ledger(client, ledger)
 
-    with pytest.raises(txn.PayloadTooLarge) as info:
-        asyncio.run(main())
-    assert info.value.topic == inp
-    assert info.value.message_id.entry_key[:2] == (mid.ledger_id, mid.entry_id)
+    stats, outs, p, records = asyncio.run(main())
+    assert (stats.messages, stats.parked) == (2, 1)
+    assert outs == [b"after", b"before"]
+    assert p.data() == b"" and p.properties()[PARK_CORRUPT] == "size"
+    assert p.properties()[PARK_SOURCE_ID] == str(txn.MessageId(mid.ledger_id, mid.entry_id, -1, topic=inp))
+    (rec,) = [r for r in records if r.kind == "PARKED"]
+    assert rec.inputs == {inp: [p.properties()[PARK_SOURCE_ID]]} and "PayloadTooLarge" in rec.error
 
 
 # ---------------------------------------------------------- fake broker: checksums

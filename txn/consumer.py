@@ -229,6 +229,7 @@ class _TopicConsumer:
         self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
         self.parent._queue.reset(self)  # noqa: SLF001
         conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
+        self.parent.subscriptions_made += 1
         self._ready.set()
 
     def on_connection_closed(self, conn: Connection, exc: BaseException) -> None:
@@ -572,6 +573,9 @@ class AsyncConsumer:
         self._ticker: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._done.set_result(None)
+        #: Successful (re)subscriptions of any topic/partition: a change means the broker may
+        #: have recovered the subscription's cursor (and, on Pulsar 4.0.x, lost batch-index acks).
+        self.subscriptions_made = 0
 
     async def _start(self) -> None:
         counts = await asyncio.gather(*(self._client._pool.partitions(t) for t in self._topics))  # noqa: SLF001

@@ -39,6 +39,7 @@ from ..backoff import Backoff
 from ..client import AsyncClient
 from ..consumer import AsyncConsumer, ConsumerType, InitialPosition
 from ..errors import (
+    CorruptMessage,
     InvalidTopicName,
     MessageTooBig,
     NotAllowed,
@@ -66,7 +67,10 @@ PARK_BATCH = "pulsar-txn.batch_id"
 PARK_JOB = "pulsar-txn.job"
 PARK_SOURCE_TOPIC = "pulsar-txn.source_topic"
 PARK_SOURCE_ID = "pulsar-txn.source_message_id"
-PARK_PROPS = (PARK_ERROR, PARK_ATTEMPTS, PARK_BATCH, PARK_JOB, PARK_SOURCE_TOPIC, PARK_SOURCE_ID)
+#: On a parked message that could not be read at all (bad checksum, lying sizes): the check that
+#: failed. Its payload is empty; the source topic and message id say where the entry is stored.
+PARK_CORRUPT = "pulsar-txn.corrupt"
+PARK_PROPS = (PARK_ERROR, PARK_ATTEMPTS, PARK_BATCH, PARK_JOB, PARK_SOURCE_TOPIC, PARK_SOURCE_ID, PARK_CORRUPT)
 
 _PERMANENT_SEND_ERRORS = (MessageTooBig, InvalidTopicName, TopicNotFound, NotAllowed, TypeError, ValueError)
 
@@ -188,6 +192,7 @@ class AsyncProcessor:
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
         self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
         self.guard: LedgerGuard | None = None
+        self._corrupt: list[CorruptMessage] = []  # unreadable inputs, parked after the batch is collected
         self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
         #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
         self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
@@ -263,6 +268,8 @@ class AsyncProcessor:
                 if self.fatal is not None:
                     raise self.fatal
                 batch = await self._collect()
+                while self._corrupt:
+                    await self._park_corrupt(self._corrupt.pop(0))
                 if self.config.ordering is not None:
                     batch = await self.config.ordering.gate(self, batch)
                 now = time.monotonic()
@@ -302,7 +309,7 @@ class AsyncProcessor:
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
         held = self._entries.take(consumer.subscriptions_made) if self._entries is not None else None
         while len(batch) < c.batch_max_messages and not self._stopping.is_set():
-            m, held = consumer.receive_nowait() if held is None else held, None
+            m, held = self._receive_nowait() if held is None else held, None
             if m is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -318,8 +325,17 @@ class AsyncProcessor:
             ids.add(key)
             batch.append(m)
         if self._entries is not None:
-            self._entries.complete(batch, ids, consumer.receive_nowait, consumer.subscriptions_made)
+            self._entries.complete(batch, ids, self._receive_nowait, consumer.subscriptions_made)
         return batch
+
+    def _receive_nowait(self) -> Message | None:
+        """A queued message or None; unreadable ones are set aside to be parked."""
+        assert self._consumer is not None
+        while True:
+            try:
+                return self._consumer.receive_nowait()
+            except CorruptMessage as exc:
+                self._corrupt.append(exc)
 
     async def _receive_or_stop(self, timeout_ms: int) -> Message | None:
         """Wait for a message, the timeout, or :meth:`stop`, whichever comes first."""
@@ -340,6 +356,9 @@ class AsyncProcessor:
         try:
             return recv.result()
         except Timeout:
+            return None
+        except CorruptMessage as exc:
+            self._corrupt.append(exc)  # closes this batch early; the message is parked next
             return None
 
     async def _take_txn(self) -> AsyncTransaction:
@@ -643,6 +662,46 @@ class AsyncProcessor:
                     except PulsarError:
                         pass
                 return
+
+    async def _park_corrupt(self, exc: CorruptMessage) -> None:
+        """Park an input that cannot be read (bad checksum, sizes that lie), never stopping on it.
+
+        One transaction acknowledges the stored entry, produces an empty message to the parking
+        topic whose properties name the check that failed, the source topic and message id, and
+        writes a PARKED record. If that fails the entry stays unacknowledged and comes back.
+        """
+        c = self.config
+        assert self._consumer is not None and self._ledger is not None
+        topic, mid = exc.topic or "", exc.message_id
+        parked_topic = parse_topic(topic).base + c.parking_suffix
+        batch_id = self._new_batch_id()
+        props = {PARK_ERROR: _err(exc), PARK_ATTEMPTS: "0", PARK_BATCH: batch_id, PARK_JOB: c.job,
+                 PARK_SOURCE_TOPIC: topic, PARK_SOURCE_ID: str(mid), PARK_CORRUPT: str(exc.reason)}
+        started = now_ms()
+        log.error("input %s on %s cannot be read (%s); parking it on %s", mid, topic, exc, parked_topic)
+        t: AsyncTransaction | None = None
+        try:
+            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            p = await self._producer(parked_topic)
+            sent = await p.send_async(b"", properties=props, txn=t)
+            await self._consumer.acknowledge(mid, t)
+            rec = LedgerRecord("PARKED", c.job, batch_id, str(t.id), 0, {topic: [str(mid)]}, {parked_topic: 1},
+                               started_at_ms=started, ended_at_ms=now_ms(), error=_err(exc),
+                               parked_topic=parked_topic, config=self._record_config())
+            receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            p.flush_now()
+            self._ledger.flush_now()
+            await sent
+            await receipt
+            await t.commit()
+        except (PulsarError, TransactionError, ValueError) as err:
+            log.warning("parking unreadable input %s failed (%s); it stays unacknowledged", mid, err)
+            if t is not None and t.state.value == "OPEN":
+                await _discard_txn(t)
+            return
+        if self.guard is not None:
+            self.guard.committed.add(topic, mid.ledger_id, mid.entry_id, -1)
+        self.stats.parked += 1
 
     def _record_nowait(self, rec: LedgerRecord) -> None:
         """Queue an informative record (STARTED) without waiting for its receipt."""
