@@ -91,6 +91,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         max_inflight_commits=args.max_inflight_commits,
         ledger_guard=not args.no_ledger_guard,
         guard_max_ids=args.guard_max_ids,
+        batch_entry_boundaries=args.batch_entry_boundaries,
         **extra,
     )
     print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
@@ -235,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in the output's namespace")
     pr.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     pr.add_argument("--exit-when-idle-ms", type=int, default=None, help="exit after this long without input")
+    pr.add_argument("--batch-entry-boundaries", action="store_true",
+                    help="never split a batch entry of the input between two transactions (a batch may then "
+                         "exceed --batch-max-messages by up to one entry)")
     pr.add_argument("--no-ledger-guard", action="store_true",
                     help="trust the broker's ack state alone (not recommended: Pulsar 4.0.x can lose batch acks)")
     pr.add_argument("--guard-max-ids", type=int, default=1_000_000,
