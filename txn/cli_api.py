@@ -496,7 +496,9 @@ def register(sub: Any) -> None:
     a.add_argument("--service-url", default=None, help="broker URL (default $PULSAR_TXN_SERVICE_URL)")
     a.add_argument("--admin-url", default=None, help="broker admin URL (default $PULSAR_TXN_ADMIN_URL)")
     a.add_argument("--database-url", default=None, help="SQLAlchemy URL (default $PULSAR_TXN_DATABASE_URL)")
-    a.add_argument("--ledger-topics", default=None, help="comma-separated ledger topics (default: discover)")
+    a.add_argument("--ledger-topics", default=None,
+                   help="comma-separated ledger topics (default $PULSAR_TXN_LEDGER_TOPICS; discovery only in "
+                        "$PULSAR_TXN_DISCOVER_NAMESPACES)")
     a.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     a.set_defaults(func=cmd_api)
 

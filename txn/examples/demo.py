@@ -306,7 +306,10 @@ class Demo:
         token = secrets.token_urlsafe(18)
         settings = {"service_url": self.service_url, "admin_url": self.admin_url,
                     "database_url": f"sqlite:///{r.work / 'api.db'}", "ledger_topics": r.ledger,
-                    "discover_interval_s": "1"}
+                    "discover_interval_s": "1",
+                    # The control plane replays only registered jobs, with the code and topics named here.
+                    "jobs": json.dumps({JOB: {"transform": "spark_jobs.jobs.demo_job:transform", "output": r.output,
+                                              "parked_topics": [f"{t}-parked" for t in r.inputs]}})}
         self.api = ControlPlane(port, token, settings, env, r.work / "api.log", r.work, sys.executable)
         self.api.start()
         (r.work / "api.pid").write_text(f"{self.api.pid}\n")
