@@ -1,6 +1,9 @@
-"""Chaos: kill -9, broker restart and a zombie, and still exactly once.
+"""Chaos: kill -9, broker restarts (clean and SIGKILL) and a zombie, and still exactly once.
 
-The short run is part of the default suite; ``--run-slow`` adds the long one.
+The short runs are part of the default suite (the original unbatched 1:1 shape, and the shape
+users run: a batched producer, a handler emitting ``id % 3`` outputs, deduplication off on the
+outputs); ``--run-slow`` adds the long run and the whole shape matrix. ``tests/chaos_loop.py``
+runs the matrix in a loop.
 """
 
 from __future__ import annotations
@@ -11,15 +14,18 @@ import pytest
 
 from txn.localbroker import create_namespace, enable_namespace_dedup
 
-from chaos import run_chaos, run_outbox_chaos
+from chaos import ALL_SHAPES, Shape, run_chaos, run_outbox_chaos
 
 
 def _check(res):
     assert res.sent > 0
+    assert res.send_failed == 0, res.summary()
+    assert not res.timed_out, res.summary()
     assert res.lost == 0, res.summary()
-    assert res.duplicated == 0, res.summary()
-    assert res.distinct == res.sent, res.summary()
-    assert res.out == res.sent, res.summary()
+    assert res.duplicated == 0, f"{res.summary()} duplicated: {res.duplicated_ids[:50]}"
+    assert res.unexpected == 0, res.summary()
+    assert res.distinct == res.expected, res.summary()
+    assert res.out == res.expected, res.summary()
     # The ledger's COMMITTED records account for every output and every input, once.
     assert res.committed_outputs == res.out, res.summary()
     assert res.committed_inputs == res.sent, res.summary()
@@ -29,8 +35,23 @@ def _check(res):
 @pytest.mark.timeout(900)
 def test_chaos_short(restartable_broker, tmp_path):
     res = run_chaos(restartable_broker, tmp_path / "chaos", n=2500, rate=150, kills=4, broker_restarts=1, zombies=1,
-                    time_limit_s=420)
+                    batch_max_messages=50, txn_timeout_ms=8000, time_limit_s=420)
     assert (res.kills, res.broker_restarts, res.zombies) == (4, 1, 1)
+    assert res.expected == res.sent
+    _check(res)
+
+
+@pytest.mark.timeout(900)
+def test_chaos_short_batched(restartable_broker, tmp_path):
+    """Batched producer (entries of up to 1000 messages), id % 3 outputs, deduplication off on the
+    outputs, processor batches of 100, a lagging processor (3000 inputs kept unprocessed, so a
+    restart finds it inside an entry): a clean broker restart, kills and a zombie."""
+    shape = Shape(batched=True, partitions=1, handler="mod3", out_dedup=False)
+    res = run_chaos(restartable_broker, tmp_path / "chaos", shape=shape, n=150_000, backlog=3000, kills=5,
+                    broker_restarts=1, zombies=1, txn_timeout_ms=15000, seed=23, time_limit_s=480)
+    assert (res.kills, res.broker_restarts, res.zombies) == (5, 1, 1)
+    assert res.max_entry > 100  # the producer really batched
+    assert res.expected == sum(i % 3 for i in range(res.sent)) and res.sent == res.produced
     _check(res)
 
 
@@ -38,8 +59,20 @@ def test_chaos_short(restartable_broker, tmp_path):
 @pytest.mark.timeout(3600)
 def test_chaos_long(restartable_broker, tmp_path):
     res = run_chaos(restartable_broker, tmp_path / "chaos-long", n=30000, rate=400, kills=25, broker_restarts=3,
-                    zombies=3, seed=11, time_limit_s=2400)
+                    zombies=3, seed=11, batch_max_messages=50, txn_timeout_ms=8000, time_limit_s=2400)
     assert (res.kills, res.broker_restarts, res.zombies) == (25, 3, 3)
+    _check(res)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2700)
+@pytest.mark.parametrize("shape", ALL_SHAPES, ids=lambda s: s.name)
+def test_chaos_shape(restartable_broker, tmp_path, shape):
+    """Every shape: 20k inputs, 20 kills, 2 clean broker restarts, 1 SIGKILL of the broker, a zombie,
+    the processor's defaults (batches of 100, 60 s transaction timeout)."""
+    res = run_chaos(restartable_broker, tmp_path / "chaos-shape", shape=shape, n=20000, rate=0, kills=20,
+                    broker_restarts=2, broker_kills=1, zombies=1, seed=31, time_limit_s=2000)
+    assert (res.kills, res.broker_restarts, res.broker_kills, res.zombies) == (20, 2, 1, 1)
     _check(res)
 
 

@@ -47,3 +47,10 @@ def fan_out(message: Message) -> list[Output]:
     if extra:
         outs.append(Output(message.data(), topic=extra))
     return outs
+
+
+def mod3(message: Message) -> list[bytes]:
+    """``id % 3`` outputs (0, 1 or 2) for a payload holding a decimal id, each ``<id>:<index>``:
+    a handler that filters and fans out, every output unique (the chaos harness checks them)."""
+    i = int(message.data())
+    return [b"%d:%d" % (i, k) for k in range(i % 3)]
