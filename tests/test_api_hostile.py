@@ -27,7 +27,7 @@ import txn
 from coordinator_api import db
 from coordinator_api.db import make_engine
 from coordinator_api.projection import Entry, apply_chunk, load_position
-from txn.delivery.ledger import LedgerRecord, default_ledger_topic
+from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, default_ledger_topic, json_depth
 from txn.delivery.processor import PARK_BATCH, PARK_SOURCE_TOPIC
 from txn.localbroker import create_namespace, free_port
 from txn.message import MessageId
@@ -487,3 +487,33 @@ def test_an_old_database_is_upgraded(empty_db_url: str) -> None:
     finally:
         engine.dispose()
     make_engine(empty_db_url).dispose()  # a second start changes nothing
+
+
+def test_the_record_model_checks_types_and_bounds_before_and_after_parsing() -> None:
+    """``from_json`` (the library's parser, which the projection, replay and the ledger guard use)
+    accepts what writers write and rejects each rule's violation by name, never echoing content."""
+    ok = LedgerRecord("COMMITTED", "j" * 256, "b" * 512, "(0,1)", 2**31 - 1, {"t": ["(1,2,-1,-1)"]}, {"o": 2**63 - 1},
+                      started_at_ms=0, error="e" * 40_000)
+    back = LedgerRecord.from_json(ok.to_json())
+    assert back.error is not None and len(back.error) == 32_768 and back.error.endswith(" [truncated]")
+    base = json.loads(ok.to_json())
+    cases = {
+        "attempt": (True, "field 'attempt' must be an integer in 0..2147483647, got bool"),
+        "job": ("j" * 257, "field 'job' must be a string of 1..256 characters, got str of 257"),
+        "txn_id": (5, "field 'txn_id' must be a string of 1..64 characters, got int"),
+        "outputs": ({"o": "1"}, "field 'outputs (count)' must be an integer in 0..9223372036854775807, got str"),
+        "ended_at_ms": (-1, "field 'ended_at_ms' must be an integer in 0..9223372036854775807, got one out of range"),
+        "config": ([1], "field 'config' must be an object of at most 256 keys, got list"),
+        "kind": (["COMMITTED"], "field 'kind' must be one of STARTED, COMMITTED, ABORTED, PARKED, REPLAYED"),
+    }
+    for name, (value, why) in cases.items():
+        with pytest.raises(LedgerSchemaError) as err:
+            LedgerRecord.from_json(json.dumps({**base, name: value}))
+        assert str(err.value) == why, name
+    # Depth counts brackets outside strings only; an unterminated string ends the scan.
+    assert json_depth(b'{"a":"[[[[\\"[[","b":[[1]]}') == 3
+    assert json_depth(b'["\\"]]]]' + b"[" * 50) == 1
+    with pytest.raises(LedgerSchemaError, match="nests 17 levels deep"):
+        LedgerRecord.from_json(json.dumps({**base, "config": {"x": json.loads("[" * 15 + "]" * 15)}}))
+    with pytest.raises(LedgerSchemaError, match="exceeds 5242880"):
+        LedgerRecord.from_json(b'{"schema":"pulsar-txn.ledger/1","x":"' + b"a" * 5_242_880 + b'"}')

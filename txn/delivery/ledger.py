@@ -57,8 +57,11 @@ MAX_IDS = 1_000_000
 MAX_CONFIG_KEYS = 256
 MAX_ATTEMPT = 2**31 - 1
 MAX_INT = 2**63 - 1
+_TRUNCATED = " [truncated]"
 
-_BRACKETS = re.compile(rb'"(?:[^"\\]|\\.)*"|[^\[\]{}]+')
+#: Strings (an unterminated one runs to the end, so every byte is scanned once) and runs of bytes
+#: that are neither brackets nor quotes: what is left after removing them is the brackets.
+_BRACKETS = re.compile(rb'"(?:[^"\\]|\\.)*"?|[^\[\]{}"]+')
 
 
 def json_depth(data: bytes) -> int:
@@ -189,7 +192,7 @@ class LedgerRecord:
         """Serialise (compact JSON, keys sorted); an error longer than ``MAX_ERROR`` is cut there."""
         d = {name: getattr(self, name) for name in _FIELDS}
         if isinstance(self.error, str) and len(self.error) > MAX_ERROR:
-            d["error"] = self.error[:MAX_ERROR - 14] + " [truncated]"
+            d["error"] = self.error[:MAX_ERROR - len(_TRUNCATED)] + _TRUNCATED
         d["duration_ms"] = self.duration_ms
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
