@@ -8,6 +8,7 @@ output messages) must come out in order, each exactly once, across a SIGKILL of 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,9 +25,10 @@ import txn
 from txn.delivery.dedup import DedupReceiver, Outcome
 from txn.delivery.dedup_store import open_store
 from txn.delivery.ordering import BUSINESS_ID, MUST_FOLLOW, OrderingGuard
+from txn.delivery.processor import PARK_ERROR, PARK_SOURCE_ID, AsyncProcessor, ProcessorConfig
 from txn.localbroker import create_partitioned_topic
 
-from peer import read_until_sentinel
+from peer import read_n, read_until_sentinel
 
 # ------------------------------------------------------------------- helpers
 
@@ -261,6 +263,197 @@ def test_receiver_crash_loses_and_duplicates_nothing(
     assert run1[-1] in dups  # committed before the kill, redelivered, recognised
     assert_all_acked(official, topic, sub)
 
+
+# ------------------------------------------------------------------ the processor
+
+
+def emit_id(m: txn.Message) -> bytes:
+    """The processor's handler: one output, the input's business id."""
+    return m.properties()[BUSINESS_ID].encode()
+
+
+def out_reader(official: pulsar.Client, out: str) -> pulsar.Consumer:
+    return official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+
+
+async def run_until(proc: AsyncProcessor, done: Callable[[], bool], limit_s: float = 120.0) -> None:
+    """Run ``proc`` until ``done()`` (checked every 50 ms, at most ``limit_s``), then stop it."""
+    task = asyncio.ensure_future(proc.run())
+    deadline = time.monotonic() + limit_s
+    while not done() and not task.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    proc.stop()
+    await task
+    assert done(), proc.stats.line("test", 0)
+
+
+def test_processor_processes_in_order_across_partitions(
+    broker: Any, official: pulsar.Client, unique_name: Callable[[str], str], tmp_path: Any
+) -> None:
+    inp = two_partitions(broker, unique_name, "in")
+    out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("out", "ledger"))
+    verify = out_reader(official, out)
+    guard = OrderingGuard(str(tmp_path / "order.db"), max_hold_ms=600_000)
+
+    async def main() -> None:
+        async with txn.AsyncClient(broker.service_url) as client:
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job=unique_name("job"),
+                                   ledger_topic=ledger, batch_max_messages=10, ordering=guard)
+            proc = AsyncProcessor(client, emit_id, conf)
+            await proc.start()
+
+            async def send(part: int, plan: list[tuple[str, str | None]]) -> None:
+                p = await client.create_producer(f"{inp}-partition-{part}", batching_enabled=False)
+                for bid, after in plan:
+                    await p.send(bid.encode(), properties=props(bid, after))
+                await p.close()
+
+            await send(1, [("d", "c"), ("b", "a")])
+            await send(0, [("c", "b"), ("x0", None)])
+            task = asyncio.ensure_future(run_until(proc, lambda: proc.stats.messages == 5))
+            deadline = time.monotonic() + 60
+            while (guard.holding < 3 or proc.stats.messages < 1) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert sorted(guard.held_ids()) == ["b", "c", "d"] and proc.stats.messages == 1
+            await send(0, [("a", None)])  # the predecessor of them all, last
+            await task
+            await proc.close()
+
+    asyncio.run(main())
+    assert [m.data() for m in read_n(verify, 5)] == [b"x0", b"a", b"b", b"c", b"d"]
+    assert read_until_sentinel(official, verify, out) == []
+    assert guard.store.order_counts(guard.scope) == {"done": 5}  # type: ignore[union-attr]
+    guard.close()
+    assert_all_acked(official, inp, "proc")
+
+
+def test_processor_parks_a_follower_whose_predecessor_never_comes(
+    broker: Any, official: pulsar.Client, unique_name: Callable[[str], str], tmp_path: Any
+) -> None:
+    inp, out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
+    verify = out_reader(official, out)
+    parked_reader = official.subscribe(inp + "-parked", "verify", initial_position=pulsar.InitialPosition.Earliest)
+    guard = OrderingGuard(str(tmp_path / "order.db"), max_hold_ms=1500)
+    mids: dict[str, str] = {}
+
+    async def main() -> AsyncProcessor:
+        async with txn.AsyncClient(broker.service_url) as client:
+            p = await client.create_producer(inp, batching_enabled=False)
+            for bid, after in [("f1", "ghost"), ("f2", "f1"), ("x", None)]:
+                mids[bid] = str(await p.send(bid.encode(), properties=props(bid, after)))
+            await p.close()
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job=unique_name("job"),
+                                   ledger_topic=ledger, ordering=guard)
+            proc = AsyncProcessor(client, emit_id, conf)
+            await proc.start()
+            await run_until(proc, lambda: proc.stats.parked == 2 and proc.stats.messages == 1)
+            await proc.close()
+            return proc
+
+    proc = asyncio.run(main())
+    assert [m.data() for m in read_n(verify, 1)] == [b"x"]
+    assert read_until_sentinel(official, verify, out) == []
+    parked = read_n(parked_reader, 2)
+    assert [(m.data(), m.properties()[PARK_SOURCE_ID], m.properties()[PARK_ERROR]) for m in parked] == [
+        (b"f1", mids["f1"], f"OutOfOrder: message f1 must follow ghost, which was not committed within 1500 ms "
+                            f"(topic {inp}, message {mids['f1']})"),
+        (b"f2", mids["f2"], f"OutOfOrder: message f2 must follow f1, which was parked (topic {inp}, "
+                            f"message {mids['f2']})"),
+    ]
+    assert (proc.stats.messages, proc.stats.parked, guard.parked_count) == (1, 2, 2)
+    assert guard.store.order_counts(guard.scope) == {"done": 1, "parked": 2}  # type: ignore[union-attr]
+    guard.close()
+    assert_all_acked(official, inp, "proc")
+
+
+PCHAIN = [f"p{i}" for i in range(7)]
+
+
+def _proc_child(service_url: str, inp: str, out: str, ledger: str, target: str, job: str, kill_at: str) -> None:
+    """A processor with the guard (one message per batch) that SIGKILLs itself right after the
+    transaction of the batch holding ``kill_at`` committed, before the guard marks it done."""
+    armed = False
+
+    def handler(m: txn.Message) -> bytes:
+        nonlocal armed
+        armed = armed or m.properties()[BUSINESS_ID] == kill_at
+        return emit_id(m)
+
+    def on_commit(*_: Any) -> None:
+        if armed:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def main() -> None:
+        async with txn.AsyncClient(service_url) as client:
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job=job, ledger_topic=ledger,
+                                   batch_max_messages=1, txn_timeout_ms=5000,
+                                   ordering=OrderingGuard(target, max_hold_ms=600_000))
+            proc = AsyncProcessor(client, handler, conf)
+            proc.on_commit = on_commit
+            await proc.start()
+            await proc.run()
+
+    asyncio.run(main())
+    sys.exit(3)
+
+
+def test_processor_crash_after_commit_loses_and_duplicates_nothing(
+    broker: Any, official: pulsar.Client, unique_name: Callable[[str], str], tmp_path: Any
+) -> None:
+    inp = two_partitions(broker, unique_name, "in")
+    out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("out", "ledger"))
+    target, job = str(tmp_path / "order.db"), unique_name("job")
+    verify = out_reader(official, out)
+    official.subscribe(inp, "proc", consumer_type=pulsar.ConsumerType.Shared,
+                       initial_position=pulsar.InitialPosition.Earliest).close()
+
+    def send(part: int, links: list[int]) -> None:
+        p = official.create_producer(f"{inp}-partition-{part}", batching_enabled=False)
+        for i in links:
+            p.send(PCHAIN[i].encode(), properties=props(PCHAIN[i], PCHAIN[i - 1] if i else None))
+        p.close()
+
+    # Run 1 gets p0..p2 (p1 on partition 1 before p0) and p6, which must follow p5 (not sent yet):
+    # p6 is held, unacknowledged, when the processor is killed right after p2's batch committed.
+    send(1, [6, 1])
+    send(0, [0, 2])
+    proc = subprocess.run([sys.executable, __file__, "proc", broker.service_url, inp, out, ledger, target, job, "p2"],
+                          capture_output=True, text=True, timeout=180, cwd=os.path.dirname(__file__))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    first = [m.data().decode() for m in read_n(verify, 3)]
+    assert first == PCHAIN[:3]
+    store = open_store(target)
+    assert store.run(store.order_states, job, ["p2"])["p2"].state == "pending"  # committed, not marked done
+
+    # Run 2: p3 must follow p2, whose transaction committed but is only marked pending: the guard
+    # reads p2's COMMITTED ledger record (once the 5 s transaction timeout is over) and goes on.
+    send(1, [4])
+    send(0, [3, 5])
+    guard = OrderingGuard(target, max_hold_ms=600_000)
+
+    async def main() -> AsyncProcessor:
+        async with txn.AsyncClient(broker.service_url) as client:
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job=job, ledger_topic=ledger,
+                                   txn_timeout_ms=5000, ordering=guard)
+            p = AsyncProcessor(client, emit_id, conf)
+            await p.start()
+            await run_until(p, lambda: p.stats.messages == 4)
+            await p.close()
+            return p
+
+    p2 = asyncio.run(main())
+    rest = [m.data().decode() for m in read_n(verify, 4)]
+    assert first + rest == PCHAIN  # each once, in order
+    assert read_until_sentinel(official, verify, out) == []
+    assert (p2.stats.messages, p2.stats.parked) == (4, 0)
+    assert store.order_counts(job) == {"done": 7}
+    store.close()
+    guard.close()
+    assert_all_acked(official, inp, "proc")
+
+
+if __name__ == "__main__" and len(sys.argv) == 9 and sys.argv[1] == "proc":
+    _proc_child(*sys.argv[2:9])
 
 if __name__ == "__main__" and len(sys.argv) == 8 and sys.argv[1] == "rx":
     _rx_child(*sys.argv[2:7], crash_after=int(sys.argv[7]))

@@ -92,6 +92,14 @@ _ORDER_FINAL = (
 _ORDER_EVICT = "DELETE FROM txn_order_ids WHERE scope = ? AND state <> 'pending' AND seq <= ?"
 _ORDER_CLEAR = "DELETE FROM txn_order_ids WHERE scope = ? AND bid = ? AND state = 'pending' AND txn = ?"
 _ORDER_STATE = "SELECT bid, state, txn, ref, at FROM txn_order_ids WHERE scope = ? AND bid IN ({})"
+_ORDER_STALE = (
+    "SELECT bid, txn, ref, at FROM txn_order_ids WHERE scope = ? AND state = 'pending' AND at < ? "
+    "ORDER BY at LIMIT ?"
+)
+_ORDER_SETTLE_DONE = (
+    "UPDATE txn_order_ids SET state = 'done', txn = NULL, ref = NULL WHERE scope = ? AND txn = ? AND state = 'pending'"
+)
+_ORDER_SETTLE_ABORTED = "DELETE FROM txn_order_ids WHERE scope = ? AND txn = ? AND state = 'pending'"
 _ORDER_COUNT = "SELECT state, COUNT(*) FROM txn_order_ids WHERE scope = ? GROUP BY state"
 _PARK_INSERT = (
     "INSERT INTO txn_order_parked (scope, topic, message_id, bid, reason, payload, properties, at) "
@@ -248,6 +256,15 @@ class DedupStore(ABC):
         """Drop the pending marks ``txn`` left on ``bids`` (it aborted); final marks stay."""
         for bid in bids:
             self._exec(_ORDER_CLEAR, (scope, bid, txn))
+
+    def order_stale_pending(self, scope: str, before: float, limit: int) -> dict[str, OrderState]:
+        """Pending marks made before ``before`` (epoch s), oldest first, at most ``limit``."""
+        rows = self._exec(_ORDER_STALE, (scope, before, limit)).fetchall()
+        return {bid: OrderState("pending", txn, ref, at) for bid, txn, ref, at in rows}
+
+    def order_settle(self, scope: str, txn: str, committed: bool) -> None:
+        """Turn every pending mark of ``txn`` into done (it committed) or drop them (it aborted)."""
+        self._exec(_ORDER_SETTLE_DONE if committed else _ORDER_SETTLE_ABORTED, (scope, txn))
 
     def order_park(self, scope: str, topic: str, message_id: str, bid: str | None, reason: str,
                    payload: bytes, properties: dict[str, str], now: float) -> None:

@@ -7,7 +7,8 @@ not known to be committed is *held*: kept in memory, not acknowledged, not hande
 handler. It is released as soon as the predecessor commits (here or in another instance sharing
 the scope and store), and parked once a bound is hit:
 
-- ``max_hold_ms``: it waited that long;
+- ``max_hold_ms``: it waited that long (a follower of a message that is itself held waits for
+  that one's fate instead, up to twice the bound);
 - ``max_held``: holding one more would exceed the limit, so the oldest held message is parked;
 - its predecessor was parked: the follower is parked too (a chain never skips a link).
 
@@ -22,10 +23,14 @@ business ids that can commit between a message and its follower.
 
 **Processor.** The processor marks a batch's business ids ``pending`` in its transaction before
 the commit (with the position of the batch's ``COMMITTED`` ledger record), ``done`` after it,
-and clears the marks after an abort. A pending mark left by a crash (or by another instance)
-is resolved once that transaction must have ended (marked ``txn_timeout_ms`` + 5 s ago): the
-ledger record is readable exactly when the transaction committed. A follower whose predecessor
-shares its batch (earlier in it) is ready: they commit together, in order.
+and drops the marks after a confirmed abort. Pending marks left by a crash (or by another
+instance) are settled once their transaction must have ended (marked ``txn_timeout_ms`` + 5 s
+ago): every 30 s, and at once when a held message waits for one. All marks of a transaction
+become ``done`` if its ledger record is readable (read-committed: it committed), and are dropped
+if a reader passes the record's position without it (aborted: the inputs come back). A follower
+whose predecessor is in the same batch, earlier, is ready: they commit together, in order;
+held followers of a message join its batch right after it. The guard's state belongs to one
+processor; give instances that share a subscription the same store and scope.
 
 **Dedup receiver.** The done mark is written in the same database transaction as the handler's
 effect, so it is exact. Parking there stores the message and the reason in the database table
@@ -49,6 +54,7 @@ from ..message import Message, MessageId
 from .dedup_store import DedupStore, OrderState, open_store
 
 if TYPE_CHECKING:
+    from ..producer import AsyncProducer
     from .processor import AsyncProcessor
 
 #: The message's own business id.
@@ -59,6 +65,8 @@ MUST_FOLLOW = "pulsar-txn.must-follow"
 MAX_ID_LENGTH = 512
 #: After a transaction's timeout plus this margin, its outcome is final.
 _RESOLVE_MARGIN_S = 5.0
+#: How often the processor's guard settles pending marks left by crashed instances.
+_SWEEP_INTERVAL_S = 30.0
 
 KeyFn = Callable[[Message], tuple[str | None, str | None]]
 
@@ -135,6 +143,7 @@ class OrderingGuard:
         self._own: dict[str, str] = {}  # business id -> txn id of our own pending marks
         self._last_poll = 0.0
         self._retry_at: dict[str, float] = {}
+        self._next_sweep = 0.0
         self._txn_timeout_s = 60.0
         self.parked_count = 0
 
@@ -226,11 +235,16 @@ class OrderingGuard:
                         todo.append(h.bid)
 
     def _expire(self, now: float) -> None:
+        """Park held messages that waited ``max_hold_ms``. A follower of a held message waits for
+        its predecessor's fate (released with it, or parked as its follower), up to twice the
+        bound (so a cycle of must-follows cannot wait forever)."""
         limit = self.max_hold_ms / 1000.0
-        while self._held:
-            k, h = next(iter(self._held.items()))
+        held_bids = {h.bid for h in self._held.values() if h.bid}
+        for k, h in list(self._held.items()):
             if now - h.since < limit:
-                break
+                break  # held in arrival order: the rest are younger
+            if h.pred in held_bids and now - h.since < 2 * limit:
+                continue
             del self._held[k]
             self._unwait(h.pred, k)
             self._parks.append((h.message, self._violation(
@@ -325,21 +339,21 @@ class OrderingGuard:
         store, scope = self._st()
         now = time.monotonic()
         with self._lock:
-            keyed: list[tuple[Message, str | None, str | None]] = []
+            keyed: list[tuple[Message, str | None, str | None, bool]] = []
             for m in incoming:
                 bid, pred = self.key(m)
                 bad = self._too_long(m, bid, pred)
                 if bad is not None:
                     self._parks.append((m, bad))
                 elif _mkey(m) not in self._held:  # else: a redelivered copy of a held message
-                    keyed.append((m, bid, pred))
-            wanted = {p for _, _, p in keyed if p}
+                    keyed.append((m, bid, pred, False))
+            wanted = {p for _, _, p, _ in keyed if p}
             if self._waiting and (now - self._last_poll) * 1000 >= self.poll_interval_ms:
                 wanted |= set(self._waiting)
                 self._last_poll = now
             states = store.run(store.order_states, scope, sorted(wanted)) if wanted else {}
             self._apply_states({b: s for b, s in states.items() if b in self._waiting})
-            keyed = [(m, *self.key(m)) for m in self._ready] + keyed  # released ones first
+            keyed = [(m, *self.key(m), True) for m in self._ready] + keyed  # released ones first: ready
             self._ready.clear()
             batch: list[Message] = []
             in_batch: set[str] = set()
@@ -355,9 +369,9 @@ class OrderingGuard:
                     for f in self._release(bid):  # its held followers join the batch right after it
                         take(f, self.key(f)[0])
 
-            for m, bid, pred in keyed:
+            for m, bid, pred, released in keyed:
                 st = states.get(pred) if pred else None
-                if pred is None or pred in in_batch or (st is not None and st.state == "done"):
+                if released or pred is None or pred in in_batch or (st is not None and st.state == "done"):
                     take(m, bid)
                 elif st is not None and st.state == "parked":
                     self._parks.append((m, OutOfOrder(f"message {bid} must follow {pred}, which was parked", bid,
@@ -370,7 +384,7 @@ class OrderingGuard:
             for b in self._waiting:
                 s = states.get(b)
                 if (s is not None and s.state == "pending" and b not in self._own and s.at < cutoff
-                        and self._retry_at.get(b, 0.0) <= now):
+                        and self._retry_at.get(b, 0.0) <= now):  # a crashed (or other) instance's
                     pending.append(b)
                     self._retry_at[b] = now + _RESOLVE_MARGIN_S
             return batch, pending
@@ -382,12 +396,15 @@ class OrderingGuard:
 
         self.attach(None, proc.config.job)
         self._txn_timeout_s = proc.config.txn_timeout_ms / 1000.0
+        pending: list[str] = []
         if batch or self._held or self._ready or self._parks:
             batch, pending = await asyncio.to_thread(self._admit, batch)
-            if pending:
-                resolved = await self._resolve(proc, pending)
-                with self._lock:
-                    self._apply_states(resolved)  # released followers go into the next batch
+        now = time.monotonic()
+        if pending or now >= self._next_sweep:
+            self._next_sweep = now + _SWEEP_INTERVAL_S
+            resolved = await self._sweep(proc)
+            with self._lock:
+                self._apply_states(resolved)  # released followers go into the next batch
         while self._parks:
             m, why = self._parks.popleft()
             before = proc.stats.parked
@@ -396,27 +413,35 @@ class OrderingGuard:
                 self.parked_count += 1
         return batch
 
-    async def _resolve(self, proc: AsyncProcessor, bids: list[str]) -> dict[str, OrderState]:
-        """Settle pending marks left by transactions that must have ended: done if committed."""
+    async def _sweep(self, proc: AsyncProcessor) -> dict[str, OrderState]:
+        """Settle pending marks of transactions that must have ended (crashed instances): all
+        marks of a transaction become done if its COMMITTED ledger record is readable, else go."""
         store, scope = self._st()
-        states = await asyncio.to_thread(store.run, store.order_states, scope, bids)
+        cutoff = time.time() - self._txn_timeout_s - _RESOLVE_MARGIN_S
+        rows = await asyncio.to_thread(store.run, store.order_stale_pending, scope, cutoff, 1000)
+        own = set(self._own.values())
+        by_txn: dict[tuple[str, str], list[str]] = {}
+        for bid, st in rows.items():
+            if st.txn and st.ref and st.txn not in own:
+                by_txn.setdefault((st.txn, st.ref), []).append(bid)
         out: dict[str, OrderState] = {}
-        for bid, st in states.items():
-            if st.state != "pending" or not st.ref or not st.txn:
-                continue
-            committed = await _record_committed(proc, st.ref)
+        for (txn_id, ref), bids in by_txn.items():
+            committed = await _record_committed(proc, ref)
+            if committed is None:
+                continue  # not told yet: try again at the next sweep
+            await asyncio.to_thread(store.run, store.order_settle, scope, txn_id, committed)
             if committed:
-                await asyncio.to_thread(store.run, store.order_mark, scope, [bid], "done", self.window, time.time())
-                out[bid] = OrderState("done")
-            elif committed is not None:
-                await asyncio.to_thread(store.run, store.order_clear_pending, scope, [bid], st.txn)
+                out.update({b: OrderState("done") for b in bids})
         return out
 
-    async def prepare(self, msgs: list[Message], txn_id: Any, ref: str) -> None:
-        """Before the commit: mark the batch's business ids pending in ``txn_id`` (record at ``ref``)."""
+    async def prepare(self, msgs: list[Message], txn_id: Any, ledger: AsyncProducer, record_id: MessageId) -> None:
+        """Before the commit: mark the batch's business ids pending in ``txn_id``, with where its
+        COMMITTED record (sent by ``ledger``, receipt ``record_id``) is, to settle it after a crash."""
         bids = [b for m in msgs if (b := self.key(m)[0])]
         if not bids:
             return
+        parts = ledger.partition_topics()
+        ref = record_ref(parts[record_id.partition] if 0 <= record_id.partition < len(parts) else parts[0], record_id)
         for b in bids:
             self._own[b] = str(txn_id)
         store, scope = self._st()
