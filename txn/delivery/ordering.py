@@ -136,6 +136,7 @@ class OrderingGuard:
         self.window = window
         self.poll_interval_ms = poll_interval_ms
         self._lock = threading.RLock()
+        self._db_lock = threading.Lock()
         self._held: OrderedDict[tuple[str, MessageId], _Held] = OrderedDict()
         self._waiting: dict[str, list[tuple[str, MessageId]]] = {}
         self._ready: deque[Message] = deque()
@@ -172,6 +173,13 @@ class OrderingGuard:
         """Business ids of the held messages, oldest first."""
         with self._lock:
             return [h.bid for h in self._held.values()]
+
+    def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a store transaction of its own, one at a time (the processor calls
+        the guard from worker threads; the store has one connection)."""
+        store, _ = self._st()
+        with self._db_lock:
+            return store.run(fn, *args)
 
     def _st(self) -> tuple[DedupStore, str]:
         assert self.store is not None and self.scope is not None, "attach() the guard first"
@@ -263,7 +271,7 @@ class OrderingGuard:
             return {}
         self._last_poll = now
         store, scope = self._st()
-        states = store.run(store.order_states, scope, list(self._waiting))
+        states = self._db(store.order_states, scope, list(self._waiting))
         self._apply_states(states)
         return states
 
@@ -351,7 +359,7 @@ class OrderingGuard:
             if self._waiting and (now - self._last_poll) * 1000 >= self.poll_interval_ms:
                 wanted |= set(self._waiting)
                 self._last_poll = now
-            states = store.run(store.order_states, scope, sorted(wanted)) if wanted else {}
+            states = self._db(store.order_states, scope, sorted(wanted)) if wanted else {}
             self._apply_states({b: s for b, s in states.items() if b in self._waiting})
             keyed = [(m, *self.key(m), True) for m in self._ready] + keyed  # released ones first: ready
             self._ready.clear()
@@ -418,7 +426,7 @@ class OrderingGuard:
         marks of a transaction become done if its COMMITTED ledger record is readable, else go."""
         store, scope = self._st()
         cutoff = time.time() - self._txn_timeout_s - _RESOLVE_MARGIN_S
-        rows = await asyncio.to_thread(store.run, store.order_stale_pending, scope, cutoff, 1000)
+        rows = await asyncio.to_thread(self._db, store.order_stale_pending, scope, cutoff, 1000)
         own = set(self._own.values())
         by_txn: dict[tuple[str, str], list[str]] = {}
         for bid, st in rows.items():
@@ -429,7 +437,7 @@ class OrderingGuard:
             committed = await _record_committed(proc, ref)
             if committed is None:
                 continue  # not told yet: try again at the next sweep
-            await asyncio.to_thread(store.run, store.order_settle, scope, txn_id, committed)
+            await asyncio.to_thread(self._db, store.order_settle, scope, txn_id, committed)
             if committed:
                 out.update({b: OrderState("done") for b in bids})
         return out
@@ -445,7 +453,7 @@ class OrderingGuard:
         for b in bids:
             self._own[b] = str(txn_id)
         store, scope = self._st()
-        await asyncio.to_thread(store.run, store.order_mark, scope, bids, "pending", self.window, time.time(),
+        await asyncio.to_thread(self._db, store.order_mark, scope, bids, "pending", self.window, time.time(),
                                 str(txn_id), ref)
 
     async def committed(self, msgs: list[Message]) -> None:
@@ -454,7 +462,7 @@ class OrderingGuard:
         if not bids:
             return
         store, scope = self._st()
-        await asyncio.to_thread(store.run, store.order_mark, scope, bids, "done", self.window, time.time())
+        await asyncio.to_thread(self._db, store.order_mark, scope, bids, "done", self.window, time.time())
         with self._lock:
             for b in bids:
                 self._own.pop(b, None)
@@ -466,7 +474,7 @@ class OrderingGuard:
         if not bids:
             return
         store, scope = self._st()
-        await asyncio.to_thread(store.run, store.order_clear_pending, scope, bids, str(txn_id))
+        await asyncio.to_thread(self._db, store.order_clear_pending, scope, bids, str(txn_id))
         for b in bids:
             self._own.pop(b, None)
 
@@ -476,7 +484,7 @@ class OrderingGuard:
         if not bid:
             return
         store, scope = self._st()
-        await asyncio.to_thread(store.run, store.order_mark, scope, [bid], "parked", self.window, time.time())
+        await asyncio.to_thread(self._db, store.order_mark, scope, [bid], "parked", self.window, time.time())
         with self._lock:
             self._cascade_parked(bid)
 
