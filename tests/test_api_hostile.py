@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -36,11 +38,29 @@ from api_server import ROOT, TOKEN, ApiServer
 from peer import read_until_sentinel
 
 
+@contextmanager
+def fresh_pg_database(pg_url: str) -> Iterator[str]:
+    """A new, empty database on the session's PostgreSQL server (others' rows never mix with ours)."""
+    base = make_url(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/api.db"
-    return request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1)
+        yield f"sqlite:///{tmp_path}/api.db"
+        return
+    with fresh_pg_database(request.getfixturevalue("pg_url")) as url:
+        yield url
 
 
 def fresh_namespace(broker: Any) -> str:
@@ -452,21 +472,12 @@ def _old_schema(url: str) -> None:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/old.db"
         return
-    base = make_url(request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1))
-    name = f"upgrade_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_pg_database(request.getfixturevalue("pg_url")) as url:
+        yield url
 
 
 def test_an_old_database_is_upgraded(empty_db_url: str) -> None:
