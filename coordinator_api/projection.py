@@ -416,16 +416,6 @@ class Projector:
         return n
 
 
-def projected_counts(engine: Engine) -> dict[str, Any]:
-    """Row counts, for health and tests."""
-    from sqlalchemy import func
-
-    with engine.connect() as conn:
-        return {name: conn.execute(select(func.count()).select_from(tbl)).scalar_one()
-                for name, tbl in (("records", db.ledger_records), ("batches", db.batches),
-                                  ("transactions", db.transactions))}
-
-
 def positions(engine: Engine) -> list[dict[str, Any]]:
     """Stored projection positions."""
     with engine.connect() as conn:

@@ -11,24 +11,63 @@ from typing import Any
 
 
 class Result(Enum):
-    """Outcome passed to ``send_async`` callbacks, named like ``pulsar.Result``."""
+    """Outcome passed to ``send_async`` callbacks: the members and values of ``pulsar.Result``.
+
+    Two extras: ``BrokerError`` (a broker error with no member of its own; the official client
+    reports it as ``UnknownError``) and the earlier short names ``InvalidTxnStatus`` and
+    ``CoordinatorNotFound``, aliases of ``InvalidTxnStatusError`` and
+    ``TransactionCoordinatorNotFoundError``.
+    """
 
     Ok = 0
     UnknownError = 1
-    Timeout = 2
-    ConnectError = 3
-    AuthenticationError = 4
-    TopicNotFound = 5
-    ProducerQueueIsFull = 6
-    ProducerFenced = 7
-    AlreadyClosed = 8
-    MessageTooBig = 9
-    InvalidTopicName = 10
-    TransactionConflict = 11
-    TransactionNotFound = 12
-    InvalidTxnStatus = 13
-    CoordinatorNotFound = 14
-    BrokerError = 15
+    InvalidConfiguration = 2
+    Timeout = 3
+    LookupError = 4
+    ConnectError = 5
+    ReadError = 6
+    AuthenticationError = 7
+    AuthorizationError = 8
+    ErrorGettingAuthenticationData = 9
+    BrokerMetadataError = 10
+    BrokerPersistenceError = 11
+    ChecksumError = 12
+    ConsumerBusy = 13
+    NotConnected = 14
+    AlreadyClosed = 15
+    InvalidMessage = 16
+    ConsumerNotInitialized = 17
+    ProducerNotInitialized = 18
+    ProducerBusy = 19
+    TooManyLookupRequestException = 20
+    InvalidTopicName = 21
+    InvalidUrl = 22
+    ServiceUnitNotReady = 23
+    OperationNotSupported = 24
+    ProducerBlockedQuotaExceededError = 25
+    ProducerBlockedQuotaExceededException = 26
+    ProducerQueueIsFull = 27
+    MessageTooBig = 28
+    TopicNotFound = 29
+    SubscriptionNotFound = 30
+    ConsumerNotFound = 31
+    UnsupportedVersionError = 32
+    TopicTerminated = 33
+    CryptoError = 34
+    IncompatibleSchema = 35
+    ConsumerAssignError = 36
+    CumulativeAcknowledgementNotAllowedError = 37
+    TransactionCoordinatorNotFoundError = 38
+    InvalidTxnStatusError = 39
+    NotAllowedError = 40
+    TransactionConflict = 41
+    TransactionNotFound = 42
+    ProducerFenced = 43
+    MemoryBufferIsFull = 44
+    Interrupted = 45
+    BrokerError = 1000
+    InvalidTxnStatus = 39
+    CoordinatorNotFound = 38
 
 
 class PulsarError(Exception):
@@ -88,7 +127,7 @@ class AuthenticationError(PulsarError):
 class AuthorizationError(PulsarError):
     """The broker refused the operation for our role."""
 
-    result = Result.AuthenticationError
+    result = Result.AuthorizationError
 
 
 class ProtocolError(PulsarError):
@@ -123,6 +162,7 @@ class ChecksumMismatch(CorruptMessage):
     """The payload's CRC32C does not match the one the producer computed."""
 
     reason = "checksum"
+    result = Result.ChecksumError
 
 
 class PayloadTooLarge(CorruptMessage):
@@ -174,20 +214,26 @@ class ProducerFenced(PulsarError):
 class ProducerBusy(PulsarError):
     """A producer with the same name is already connected."""
 
+    result = Result.ProducerBusy
     retriable = True
 
 
 class ConsumerBusy(PulsarError):
     """The subscription does not admit another consumer (e.g. Exclusive)."""
 
+    result = Result.ConsumerBusy
+
 
 class SubscriptionNotFound(PulsarError):
     """The subscription does not exist."""
+
+    result = Result.SubscriptionNotFound
 
 
 class ServiceNotReady(PulsarError):
     """The broker is not ready for the topic yet (retriable after a new lookup)."""
 
+    result = Result.ServiceUnitNotReady
     retriable = True
 
 
@@ -229,18 +275,29 @@ class TransactionTimedOut(TransactionNotFound):
 class InvalidTxnStatus(TransactionError):
     """The transaction is in a state that does not allow the operation."""
 
-    result = Result.InvalidTxnStatus
+    result = Result.InvalidTxnStatusError
 
 
 class CoordinatorNotFound(TransactionError):
     """No transaction coordinator is available (are transactions enabled on the broker?)."""
 
-    result = Result.CoordinatorNotFound
+    result = Result.TransactionCoordinatorNotFoundError
     retriable = True
 
 
 class NotAllowed(PulsarError):
     """The broker does not allow the operation."""
+
+    result = Result.NotAllowedError
+
+
+# The official client's names for the same classes (``pulsar.PulsarException`` and friends), so
+# that ported ``except`` clauses keep working.
+PulsarException = PulsarError
+InvalidTxnStatusError = InvalidTxnStatus
+TransactionCoordinatorNotFoundError = CoordinatorNotFound
+NotAllowedError = NotAllowed
+ServiceUnitNotReady = ServiceNotReady
 
 
 _BY_SERVER_ERROR: dict[str, type[PulsarError]] = {

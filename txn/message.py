@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import total_ordering
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .protocol import pb
 
@@ -18,10 +18,13 @@ class MessageId:
     """Position of a message: ledger, entry, partition and index inside a batch.
 
     Immutable by convention; equality, ordering and hashing use (ledger, entry, partition,
-    batch index). ``topic`` says which topic (partition) it belongs to.
+    batch index). ``topic`` says which topic (partition) it belongs to. ``MessageId.earliest`` and
+    ``MessageId.latest`` are :data:`EARLIEST` and :data:`LATEST`, as in ``pulsar.MessageId``.
     """
 
     __slots__ = ("ledger_id", "entry_id", "partition", "batch_index", "batch_size", "topic")
+    earliest: ClassVar[MessageId]
+    latest: ClassVar[MessageId]
 
     def __init__(self, ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
                  batch_size: int = 0, topic: str = "") -> None:
@@ -104,6 +107,8 @@ class MessageId:
 #: The earliest and latest positions, for ``seek`` and readers.
 EARLIEST = MessageId(-1, -1)
 LATEST = MessageId(0x7FFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF)
+MessageId.earliest = EARLIEST
+MessageId.latest = LATEST
 
 _U64 = 0xFFFFFFFFFFFFFFFF
 _TXN_RE = re.compile(r"\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)")

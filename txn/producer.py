@@ -31,7 +31,6 @@ from .errors import (
 )
 from .message import MessageId, TxnID
 from .protocol import CompressionType, compress, encode_entry, encode_payload_frame, pb
-from .topic import parse_topic
 
 if TYPE_CHECKING:
     from .client import AsyncClient
@@ -770,7 +769,3 @@ def _run_callback(callback: Callable[[Result, MessageId | None], Any], fut: asyn
     except Exception:
         log.exception("send callback raised")
 
-
-def validate_topic(topic: str) -> str:
-    """Canonical topic name (raises :class:`InvalidTopicName`)."""
-    return str(parse_topic(topic))

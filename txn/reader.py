@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
-from .errors import Timeout
 from .message import EARLIEST, LATEST, Message, MessageId
 
 
@@ -68,16 +67,6 @@ class AsyncReader:
             (last.ledger_id, last.entry_id) == (self._last.ledger_id, self._last.entry_id)
             and self._last.batch_size > 0 and self._last.batch_index < self._last.batch_size - 1
         )
-
-    async def read_to_end(self, idle_ms: int = 200) -> list[Message]:
-        """Every message from the current position to the end of the topic as of now."""
-        out: list[Message] = []
-        while await self.has_message_available():
-            try:
-                out.append(await self.read_next(timeout_millis=max(idle_ms, 5000)))
-            except Timeout:
-                break
-        return out
 
     async def close(self) -> None:
         """Close the reader."""

@@ -104,10 +104,6 @@ class Outbox:
         """``(sequence id, broker error)`` of the rows the broker rejected."""
         return list(self._db.execute("SELECT seq, nacked FROM outbox WHERE nacked IS NOT NULL ORDER BY seq"))
 
-    def discard_nacked(self) -> int:
-        """Delete the rejected rows; returns how many."""
-        return self._db.execute("DELETE FROM outbox WHERE nacked IS NOT NULL").rowcount
-
     def write(
         self,
         inserts: Sequence[OutboxRow] = (),
