@@ -88,20 +88,25 @@ async def replay_batch(
     ledger_topic: str,
     handler: Callable[[Message], Any] | None = None,
     output: str | None = None,
-    timeout_ms: int = 60000,
+    txn_timeout_ms: int = 60000,
     idle_ms: int = 2000,
     *,
     transform: str | None = None,
     job: str | None = None,
     parked_topics: Collection[str] | None = None,
     allowed_outputs: Collection[str] | None = None,
+    timeout_ms: int | None = None,
 ) -> ReplayResult:
     """Replay the parked messages of ``batch_id`` exactly once (see the module docs).
 
     Give ``handler`` (called per message) or ``transform`` (a Spark transform's ``module:function``),
     and ``output`` for outputs that name no topic. ``job``: the batch must be that job's;
     ``parked_topics``: its parked messages must be on these; ``allowed_outputs``: its outputs may go
-    only there (each a :class:`ReplayError` otherwise, before anything is written)."""
+    only there (each a :class:`ReplayError` otherwise, before anything is written). ``txn_timeout_ms``
+    bounds the wait for the parked messages and is the transaction's timeout; ``timeout_ms``, its
+    earlier name, is still accepted and wins when given."""
+    if timeout_ms is not None:
+        txn_timeout_ms = timeout_ms
     if handler is None and transform is None:
         raise ReplayError(f"batch {batch_id}: no handler given (a replay runs only the code its caller names, "
                           "never code named by a ledger record)")
@@ -135,7 +140,7 @@ async def replay_batch(
                                       initial_position=InitialPosition.Earliest)
     try:
         msgs: list[Message] = []
-        deadline = time.monotonic() + timeout_ms / 1000
+        deadline = time.monotonic() + txn_timeout_ms / 1000
         while len(msgs) < want and time.monotonic() < deadline:
             try:
                 m = await consumer.receive(timeout_millis=idle_ms)
@@ -163,7 +168,7 @@ async def replay_batch(
                 raise ReplayError(f"batch {batch_id}: an output names no topic and no output topic was given")
             if allowed_outputs is not None and str(parse_topic(topic)) not in allowed_outputs:
                 raise ReplayError(f"batch {batch_id}: an output goes to {topic}, which the job may not write to")
-        t = await client.new_transaction(timeout_millis=timeout_ms)
+        t = await client.new_transaction(timeout_millis=txn_timeout_ms)
         counts: dict[str, int] = {}
         producers: dict[str, Any] = {}
         try:
