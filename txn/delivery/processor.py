@@ -456,10 +456,11 @@ class AsyncProcessor:
         t = await self._take_txn()
         generation = self._generation()
         inputs = _ids(fresh)
-        duplicates = _ids(dups)
+        duplicates = _ids(dups) if dups else {}
         if not wrote_started:
             self._record_nowait(
-                LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, _ids(msgs), started_at_ms=started,
+                LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, _ids(msgs) if dups else inputs,
+                             started_at_ms=started,
                              config=self._record_config())
             )
         try:
@@ -570,10 +571,7 @@ class AsyncProcessor:
                 await c.ordering.prepare(msgs, t.id, self._ledger, record_id)
             await t.commit()
             commit_ms = (time.monotonic() - t0) * 1000
-            if self.guard is not None:
-                add = self.guard.committed.add_message
-                for m in fresh:
-                    add(m)
+            # (The guard learns this commit from the ledger: its reader sees the COMMITTED record.)
             self.stats.batches += 1
             self.stats.messages += len(fresh)
             self.stats.duplicates_skipped += len(msgs) - len(fresh)
