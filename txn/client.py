@@ -183,7 +183,11 @@ class AsyncClient:
                                    reader_name)
 
     async def new_transaction(self, timeout_millis: int = 60000) -> AsyncTransaction:
-        """Open a transaction that the broker aborts if not ended within ``timeout_millis``."""
+        """Open a transaction that the broker aborts if not ended within ``timeout_millis``.
+
+        The client API names times like the official client (``*_millis``); configurations and
+        CLI flags call the same value ``txn_timeout_ms``, the core ``timeout_ms`` (docs/porting.md).
+        """
         self._check()
         if timeout_millis <= 0:
             raise ValueError("timeout_millis must be positive")

@@ -97,13 +97,18 @@ class CoordinatorClient:
     # ------------------------------------------------------------------ commands
 
     async def new_txn(self, timeout_ms: int) -> TxnID:
-        """Open a transaction on the next coordinator (round-robin)."""
+        """Open a transaction on the next coordinator (round-robin), timing out after ``timeout_ms``.
+
+        The only place that fills the wire's ``CommandNewTxn.txn_ttl_seconds``: the protocol kept
+        the field's historic name, but the broker reads it in milliseconds (so does Pulsar's Java
+        client fill it), so it gets ``timeout_ms`` unconverted.
+        """
         n = await self._ensure_started()
         tc_id = next(self._rr) % n
 
         async def op(conn: Connection) -> TxnID:
             rid = next_request_id()
-            # The broker reads this field in milliseconds despite its name.
+            # Milliseconds, despite the field's name (see the docstring).
             resp = await conn.request(
                 command(T.NEW_TXN, request_id=rid, txn_ttl_seconds=timeout_ms, tc_id=tc_id), rid
             )

@@ -420,7 +420,8 @@ class Client:
         )
 
     def new_transaction(self, timeout_millis: int = 60000) -> Transaction:
-        """Open a transaction."""
+        """Open a transaction that the broker aborts if not ended within ``timeout_millis`` (see
+        :meth:`AsyncClient.new_transaction`)."""
         self._check()
         return Transaction(self._lt.run(self._inner.new_transaction(timeout_millis)), self._lt)
 
