@@ -37,7 +37,7 @@ import bench_pipeline as bp  # noqa: E402
 
 import txn  # noqa: E402
 from txn.consumer import AsyncConsumer  # noqa: E402
-from txn.localbroker import LocalBroker, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 VARIANTS = ("one-command", "per-entry", "per-entry+boundaries")
 _ACK = AsyncConsumer.acknowledge_many

@@ -5,7 +5,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_client.py [--messages N] [--size 1024] [--runs 3]
 
-By default a throw-away :class:`txn.localbroker.LocalBroker` (temp data dir, free
+By default a throw-away :class:`txn_shell.localbroker.LocalBroker` (temp data dir, free
 ports) is started and stopped at the end; pass ``--service-url``/``--admin-url`` to
 use a running broker instead (it needs transactions enabled).
 
@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 import pulsar  # noqa: E402  (official client)
 
 import txn  # noqa: E402
-from txn.localbroker import LocalBroker, ensure_distribution, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, ensure_distribution, free_port  # noqa: E402
 
 from machine import machine_load  # noqa: E402
 from official import official_client  # noqa: E402

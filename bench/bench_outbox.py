@@ -31,8 +31,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import txn  # noqa: E402
+from txn.admin import create_namespace, enable_namespace_dedup  # noqa: E402
 from txn.delivery.reliable_producer import AsyncReliableProducer, ReliableProducer  # noqa: E402
-from txn.localbroker import LocalBroker, create_namespace, enable_namespace_dedup, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 
 def run_sync(url: str, topic: str, n: int, payload: bytes, window: int, outbox: Path | None) -> float:

@@ -6,7 +6,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_pipeline.py [--messages 50000] [--runs 3] [--rss-backlog 1000000]
 
-By default a throw-away :class:`txn.localbroker.LocalBroker` (temp data dir, free ports) is
+By default a throw-away :class:`txn_shell.localbroker.LocalBroker` (temp data dir, free ports) is
 started and stopped at the end; pass ``--service-url``/``--admin-url`` to use a running broker
 instead (it needs transactions enabled).
 
@@ -68,8 +68,9 @@ if str(ROOT) not in sys.path:
 import pulsar  # noqa: E402  (official client)
 
 import txn  # noqa: E402
+from txn.admin import admin_request  # noqa: E402
 from txn.delivery import AsyncProcessor, ProcessorConfig  # noqa: E402
-from txn.localbroker import LocalBroker, admin_request, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 from machine import machine_load  # noqa: E402
 from official import count_topic, official_client  # noqa: E402

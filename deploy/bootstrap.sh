@@ -43,5 +43,5 @@ if [ ! -f "$stamp" ]; then
 fi
 
 # 3. The Pulsar distribution (cached outside the repo; instant when present).
-.venv/bin/python -c 'from txn.localbroker import ensure_distribution; ensure_distribution()'
+.venv/bin/python -c 'from txn_shell.localbroker import ensure_distribution; ensure_distribution()'
 log "ready"

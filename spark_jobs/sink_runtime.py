@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass, field
 from typing import Any
 
+from txn.admin import admin_request
 from txn.client import AsyncClient
 from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, ensure_ledger_retained, now_ms
 from txn.errors import (
@@ -29,9 +30,8 @@ from txn.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from txn.localbroker import admin_request
 from txn.message import EARLIEST, MessageId, TxnID
-from txn.producer import AsyncProducer, _java_string_hash
+from txn.producer import AsyncProducer, java_string_hash
 from txn.topic import parse_topic
 
 log = logging.getLogger("spark_jobs.sink")
@@ -595,7 +595,7 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
                 if len(dests) == 1:
                     dest = dests[0]
                 elif row.key:
-                    dest = dests[_java_string_hash(row.key) % len(dests)]
+                    dest = dests[java_string_hash(row.key) % len(dests)]
                 else:
                     n = rr.get(row.topic, 0)
                     rr[row.topic] = n + 1

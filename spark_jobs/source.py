@@ -101,6 +101,7 @@ from pyspark.sql.types import (
 )
 
 import txn
+from txn.admin import admin_request
 from txn.topic import parse_topic
 
 from .offsets import (
@@ -319,13 +320,10 @@ class PulsarInputPartition(InputPartition):
 
 def _admin_get(opts: SourceOptions, path: str) -> Any:
     assert opts.admin_url
-    req = urllib.request.Request(opts.admin_url + path, method="GET", headers={"Accept": "application/json"})
-    if opts.auth_token:
-        tok = opts.auth_token
-        if tok.startswith("file://"):
-            with open(tok[len("file://"):]) as f:
-                tok = f.read().strip()
-        req.add_header("Authorization", f"Bearer {tok}")
+    tok = opts.auth_token
+    if tok and tok.startswith("file://"):
+        with open(tok[len("file://"):]) as f:
+            tok = f.read().strip()
     ctx = None
     if opts.admin_url.startswith("https://"):
         ctx = ssl.create_default_context(cafile=opts.tls_trust_certs_file_path)
@@ -333,15 +331,15 @@ def _admin_get(opts: SourceOptions, path: str) -> Any:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(req, timeout=30, context=ctx) as resp:
-            return json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")[:300]
-        if exc.code == 404:
-            raise ValueError(f"admin_url {opts.admin_url}: GET {path} -> 404 (namespace not found?) {body}") from None
-        raise RuntimeError(f"admin_url {opts.admin_url}: GET {path} -> HTTP {exc.code} {body}") from None
-    except (urllib.error.URLError, OSError) as exc:
+        status, body = admin_request("GET", opts.admin_url, path, timeout=30, token=tok, context=ctx)
+    except OSError as exc:
         raise RuntimeError(f"admin_url {opts.admin_url} is unreachable: {exc}") from None
+    if 200 <= status < 300:
+        return body
+    text = (body if isinstance(body, str) else json.dumps(body))[:300]
+    if status == 404:
+        raise ValueError(f"admin_url {opts.admin_url}: GET {path} -> 404 (namespace not found?) {text}")
+    raise RuntimeError(f"admin_url {opts.admin_url}: GET {path} -> HTTP {status} {text}")
 
 
 def _namespace_topics(opts: SourceOptions, domain: str, tenant: str, namespace: str) -> tuple[set[str], set[str]]:

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from txn.localbroker import free_port
+from txn_shell.localbroker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-0123456789"

@@ -34,11 +34,12 @@ from pathlib import Path
 import pulsar
 
 import txn
+from txn.admin import create_namespace, create_partitioned_topic, enable_namespace_dedup
 from txn.delivery.replay import read_ledger
-from txn.localbroker import BrokerError, create_namespace, create_partitioned_topic, enable_namespace_dedup
+from txn_shell.localbroker import BrokerError
 
 #: Handlers by shape name: payload ``%08d`` in, outputs ``<id>`` (one) or ``<id>:<k>`` (mod3).
-HANDLERS = {"one": "txn.examples.handlers:upper", "mod3": "txn.examples.handlers:mod3"}
+HANDLERS = {"one": "txn_shell.examples.handlers:upper", "mod3": "txn_shell.examples.handlers:mod3"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class _Proc:
         self.name = name
         self.log = open(logdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         env = None if code_dir is None else dict(os.environ, PYTHONPATH=str(code_dir))
-        self.p = subprocess.Popen([sys.executable, "-m", "txn.cli", "process", *args], cwd=code_dir, env=env,
+        self.p = subprocess.Popen([sys.executable, "-m", "txn_shell.cli", "process", *args], cwd=code_dir, env=env,
                                   stdout=self.log, stderr=subprocess.STDOUT)
 
     def send_signal(self, sig: int) -> None:

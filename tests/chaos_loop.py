@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from txn.localbroker import LocalBroker, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 from chaos import ALL_SHAPES, ChaosResult, Shape, run_chaos  # noqa: E402
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from txn.localbroker import LocalBroker, free_port
+from txn_shell.localbroker import LocalBroker, free_port
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from txn.localbroker import free_port
+from txn_shell.localbroker import free_port
 
 DB_NAME = "txn_test"
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from txn.admin import create_namespace
 from txn.delivery.ledger import default_ledger_topic
-from txn.localbroker import create_namespace, free_port
+from txn_shell.localbroker import free_port
 
 from api_server import ApiServer
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from txn.localbroker import create_namespace, enable_namespace_dedup
+from txn.admin import create_namespace, enable_namespace_dedup
 
 from chaos import ALL_SHAPES, Shape, run_chaos, run_outbox_chaos
 

@@ -12,7 +12,7 @@ import uuid
 import pulsar
 import pytest
 
-from txn.localbroker import create_namespace
+from txn.admin import create_namespace
 
 from peer import read_n, read_until_sentinel
 
@@ -27,7 +27,8 @@ def _fresh_ns(broker) -> str:
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "txn.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "txn_shell.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
         p.send(d)
     p.close()
     r = _cli("process", "--service-url", broker.service_url, "--input", inp, "--output", out,
-             "--subscription", "cli", "--handler", "txn.examples.handlers:poison_aware", "--job", "clijob",
+             "--subscription", "cli", "--handler", "txn_shell.examples.handlers:poison_aware", "--job", "clijob",
              "--ledger-topic", ledger, "--max-attempts", "2", "--batch-max-delay-ms", "300",
              "--exit-when-idle-ms", "30000")
     assert r.returncode == 0, r.stderr
@@ -58,11 +59,11 @@ def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
     batch = pm.properties()["pulsar-txn.batch_id"]
     assert batch.startswith("clijob:")
     r1 = _cli("replay", "--service-url", broker.service_url, "--batch", batch, "--ledger-topic", ledger,
-              "--handler", "txn.examples.handlers:upper", "--output", out)
+              "--handler", "txn_shell.examples.handlers:upper", "--output", out)
     assert r1.returncode == 0, r1.stderr
     assert f"replayed 1 message(s) of batch {batch}" in r1.stdout
     assert [m.data() for m in read_n(reader, 1)] == [b"POISON-C"]
-    code = ("--handler", "txn.examples.handlers:upper", "--output", out)  # never taken from the ledger
+    code = ("--handler", "txn_shell.examples.handlers:upper", "--output", out)  # never taken from the ledger
     r2 = _cli("replay", "--service-url", broker.service_url, "--batch", batch, "--ledger-topic", ledger, *code)
     assert r2.returncode == 0 and "already replayed" in r2.stdout
     assert read_until_sentinel(official, reader, out) == []
@@ -75,8 +76,8 @@ def test_sigterm_finishes_the_batch_and_exits_cleanly(broker, official, unique_n
     ns = _fresh_ns(broker)
     inp, out = ns + unique_name("in"), ns + unique_name("out")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txn.cli", "process", "--service-url", broker.service_url, "--input", inp,
-         "--output", out, "--subscription", "term", "--handler", "txn.examples.handlers:upper",
+        [sys.executable, "-m", "txn_shell.cli", "process", "--service-url", broker.service_url, "--input", inp,
+         "--output", out, "--subscription", "term", "--handler", "txn_shell.examples.handlers:upper",
          "--progress-interval", "1"],
         stderr=subprocess.PIPE, text=True,
     )

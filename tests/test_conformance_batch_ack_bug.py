@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import pytest
 
 import txn
-from txn.localbroker import LocalBroker, free_port
+from txn_shell.localbroker import LocalBroker, free_port
 
 BATCH = 10  # messages per batch entry
 TIMEOUT_MS = 60_000

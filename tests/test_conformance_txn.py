@@ -9,7 +9,7 @@ import pulsar
 import pytest
 
 import txn
-from txn.localbroker import create_partitioned_topic
+from txn.admin import create_partitioned_topic
 
 from peer import assert_nothing, read_n, read_until_sentinel
 

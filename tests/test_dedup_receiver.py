@@ -24,9 +24,9 @@ import pulsar
 import pytest
 
 import txn
+from txn.admin import admin_request, create_namespace
 from txn.delivery.dedup import DedupReceiver, Outcome
 from txn.delivery.dedup_store import DedupStore, PostgresDedupStore, SqliteDedupStore, open_store
-from txn.localbroker import admin_request, create_namespace
 
 from peer import read_until_sentinel
 

@@ -18,15 +18,15 @@ from typing import Any
 import pulsar
 import pytest
 
-from txn.examples import demo_data
-from txn.examples.demo import MAX_ATTEMPTS
-from txn.localbroker import free_port
+from txn_shell.examples import demo_data
+from txn_shell.examples.demo import MAX_ATTEMPTS
+from txn_shell.localbroker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _demo(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "txn.cli", "demo", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "txn_shell.cli", "demo", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 

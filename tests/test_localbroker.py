@@ -1,7 +1,8 @@
-"""Tests of txn.localbroker against the real session broker (never restarted here)."""
+"""Tests of txn_shell.localbroker against the real session broker (never restarted here)."""
 
 from __future__ import annotations
 
+import re
 import stat
 import uuid
 from pathlib import Path
@@ -9,17 +10,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from txn.localbroker import (
+from txn.admin import AdminError, admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup
+from txn_shell.localbroker import (
     CONFIG_OVERRIDES,
     PULSAR_VERSION,
     TC_ASSIGN_TOPIC,
-    AdminError,
     BrokerError,
     LocalBroker,
-    admin_request,
-    create_namespace,
-    create_partitioned_topic,
-    enable_namespace_dedup,
     ensure_distribution,
     free_port,
     probe_transaction_coordinator,
@@ -44,9 +41,11 @@ def _local(broker) -> LocalBroker:
 # -- pure functions -----------------------------------------------------------
 
 
-def test_version_is_read_from_deploy_file() -> None:
-    version_file = Path(__file__).resolve().parent.parent / "deploy/pulsar/VERSION"
-    assert PULSAR_VERSION == version_file.read_text().strip()
+def test_version_is_pinned_in_the_shell_package() -> None:
+    from txn_shell import pulsar_version
+
+    assert PULSAR_VERSION == pulsar_version.PULSAR_VERSION
+    assert re.fullmatch(r"\d+\.\d+\.\d+", PULSAR_VERSION)
 
 
 def test_render_config_replaces_and_appends() -> None:
@@ -58,7 +57,7 @@ def test_render_config_replaces_and_appends() -> None:
         "bar=y",
         "# (overridden above) foo=3",
         "",
-        "# --- added by txn.localbroker ---",
+        "# --- added by txn_shell.localbroker ---",
         "baz=z",
     ]
 

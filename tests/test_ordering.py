@@ -22,11 +22,11 @@ import pulsar
 import pytest
 
 import txn
+from txn.admin import create_partitioned_topic
 from txn.delivery.dedup import DedupReceiver, Outcome
 from txn.delivery.dedup_store import open_store
 from txn.delivery.ordering import BUSINESS_ID, MUST_FOLLOW, OrderingGuard
 from txn.delivery.processor import PARK_ERROR, PARK_SOURCE_ID, AsyncProcessor, ProcessorConfig
-from txn.localbroker import create_partitioned_topic
 
 from peer import read_n, read_until_sentinel
 

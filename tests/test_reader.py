@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import txn
-from txn.localbroker import admin_request
+from txn.admin import admin_request
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_empty_topic_and_partitioned_topic(client, broker, topic, unique_name):
     with pytest.raises(txn.Timeout):
         r.read_next(300)
     r.close()
-    from txn.localbroker import create_partitioned_topic
+    from txn.admin import create_partitioned_topic
 
     pt = f"persistent://public/default/{unique_name('pt')}"
     create_partitioned_topic(broker.admin_url, pt, 2)

@@ -11,7 +11,7 @@ import pulsar
 import pytest
 
 import txn
-from txn.localbroker import create_namespace, enable_namespace_dedup
+from txn.admin import create_namespace, enable_namespace_dedup
 
 N = 3000
 

@@ -13,9 +13,9 @@ import pulsar
 import pytest
 
 import txn
+from txn.admin import admin_request, create_namespace, enable_namespace_dedup
 from txn.delivery.outbox import Outbox
 from txn.delivery.reliable_producer import AsyncReliableProducer, MessageNacked, ReliableProducer
-from txn.localbroker import admin_request, create_namespace, enable_namespace_dedup
 
 from chaos import run_outbox_chaos
 from peer import read_until_sentinel

@@ -25,15 +25,8 @@ import pulsar
 import pytest
 
 import txn
-from txn.localbroker import (
-    ANONYMOUS_ROLE,
-    TOKEN_ROLE,
-    LocalBroker,
-    admin_request,
-    free_port,
-    generate_tls_material,
-    make_token,
-)
+from txn.admin import admin_request
+from txn_shell.localbroker import ANONYMOUS_ROLE, TOKEN_ROLE, LocalBroker, free_port, generate_tls_material, make_token
 
 from peer import assert_nothing, read_n, read_until_sentinel
 

@@ -1,13 +1,13 @@
 """``pulsar-txn spark submit`` against a real Spark standalone cluster (master + 1 worker on loopback).
 
-The cluster comes from deploy/spark/standalone.py; the job code is the same as in local mode
+The cluster comes from txn_shell/spark_cluster.py; the job code is the same as in local mode
 (tests/test_spark_runtime.py::test_spark_submit_cli), only ``--master`` differs, so the executors'
 Python workers import ``spark_jobs``/``txn`` from the venv and talk to the broker themselves.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -26,10 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _standalone():
-    spec = importlib.util.spec_from_file_location("spark_standalone", ROOT / "deploy" / "spark" / "standalone.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("txn_shell.spark_cluster")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +88,7 @@ def test_cluster_status(cluster):
     assert f"Successfully registered with master {master_url}" in attempts[1]
     assert (Path(d) / "master.log").read_text(errors="replace").count("=== attempt ") == 1
     # status from another process (the CLI) agrees, and identifies the daemons by pid + start time
-    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "spark" / "standalone.py"), "status", "--dir", d],
+    r = subprocess.run([sys.executable, "-m", "txn_shell.spark_cluster", "status", "--dir", d],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith(f"running: {master_url} "), r.stdout + r.stderr
     for role in ("master", "worker"):
@@ -108,7 +105,7 @@ def test_spark_submit_on_standalone_cluster(cluster, broker, official, unique_na
     p.close()
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     r = subprocess.run(
-        [sys.executable, "-m", "txn.cli", "spark", "submit", "enrich", "--service-url", broker.service_url,
+        [sys.executable, "-m", "txn_shell.cli", "spark", "submit", "enrich", "--service-url", broker.service_url,
          "--input", inp, "--output", out, "--subscription", "cluster", "--master", master_url,
          "--exit-when-idle-ms", "10000", "--batch-max-delay-ms", "1500"],
         capture_output=True, text=True, timeout=240, env=env, cwd=str(ROOT),

@@ -43,10 +43,10 @@ pytest.importorskip("pyspark")
 pulsar = pytest.importorskip("pulsar")
 
 from spark_jobs.sink_runtime import stream_marker_topic  # noqa: E402
+from txn.admin import create_namespace, enable_namespace_dedup  # noqa: E402
 from txn.client import AsyncClient  # noqa: E402
 from txn.delivery.ledger import default_ledger_topic  # noqa: E402
 from txn.delivery.replay import read_ledger  # noqa: E402
-from txn.localbroker import create_namespace, enable_namespace_dedup  # noqa: E402
 
 from peer import SENTINEL_PROP, read_until_sentinel  # noqa: E402
 

@@ -163,7 +163,7 @@ def test_spark_submit_cli(broker, official, unique_name):
     inp, out = (f"persistent://public/default/{unique_name(x)}" for x in ("in", "out"))
     _fill(official, inp, [b"sku=A,qty=3", b"sku=B,qty=2", b"sku=C,qty=5"])
     r = subprocess.run(
-        [sys.executable, "-m", "txn.cli", "spark", "submit", "enrich", "--service-url", broker.service_url,
+        [sys.executable, "-m", "txn_shell.cli", "spark", "submit", "enrich", "--service-url", broker.service_url,
          "--input", inp, "--output", out, "--subscription", "cli", "--master", "local[1]",
          "--exit-when-idle-ms", "3000", "--batch-max-delay-ms", "1500"],
         capture_output=True, text=True, timeout=300,

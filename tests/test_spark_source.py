@@ -22,8 +22,7 @@ from spark_jobs.offsets import (
     pos_key,
 )
 from spark_jobs.source import SourceOptions
-from txn.admin import admin_request
-from txn.localbroker import create_partitioned_topic
+from txn.admin import admin_request, create_partitioned_topic
 
 from spark_session import spark  # noqa: F401
 

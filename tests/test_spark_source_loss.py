@@ -188,7 +188,7 @@ def test_checkpoint_subscriptions_reader(tmp_path):
 
 
 def test_drop_subscription_cli(broker, client, topic, tmp_path, capsys):
-    from txn import cli
+    from txn_shell import cli
 
     producer = client.create_producer(topic, batching_enabled=False)
     producer.send(b"x")

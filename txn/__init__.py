@@ -4,12 +4,10 @@
 they overlap the official ``pulsar-client`` API, names and parameters match.
 """
 
-__version__ = "0.1.0"
-
-from .auth import Authentication, AuthenticationToken  # noqa: E402
-from .client import AsyncClient  # noqa: E402
-from .consumer import AsyncConsumer, ConsumerType, InitialPosition  # noqa: E402
-from .errors import (  # noqa: E402
+from .auth import Authentication, AuthenticationToken
+from .client import AsyncClient
+from .consumer import AsyncConsumer, ConsumerType, InitialPosition
+from .errors import (
     AlreadyClosed,
     AuthenticationError,
     AuthorizationError,
@@ -41,12 +39,13 @@ from .errors import (  # noqa: E402
     TransactionNotFound,
     TransactionTimedOut,
 )
-from .message import EARLIEST, LATEST, Message, MessageId, TxnID  # noqa: E402
-from .producer import AsyncProducer, ProducerAccessMode  # noqa: E402
-from .protocol import CompressionType  # noqa: E402
-from .reader import AsyncReader  # noqa: E402
-from .sync import Client, Consumer, Producer, Reader, Transaction  # noqa: E402
-from .transaction import AsyncTransaction, TxnState  # noqa: E402
+from .message import EARLIEST, LATEST, Message, MessageId, TxnID
+from .producer import AsyncProducer, ProducerAccessMode
+from .protocol import CompressionType
+from .reader import AsyncReader
+from .sync import Client, Consumer, Producer, Reader, Transaction
+from .transaction import AsyncTransaction, TxnState
+from .version import __version__ as __version__
 
 __all__ = [
     "EARLIEST",

@@ -1,20 +1,49 @@
-"""A minimal client for Pulsar's admin REST API (stdlib only)."""
+"""Pulsar's admin REST API (stdlib only): the one request helper, and the calls the library,
+the faces and the shell share (namespaces, deduplication, partitioned topics)."""
 
 from __future__ import annotations
 
 import json
+import re
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
+__all__ = [
+    "AdminError",
+    "admin_request",
+    "create_namespace",
+    "create_partitioned_topic",
+    "enable_namespace_dedup",
+    "expect",
+    "topic_path",
+]
+
+
+class AdminError(RuntimeError):
+    """An admin REST call returned an unexpected status."""
+
+    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {str(body)[:500]}")
+        self.status = status
+        self.body = body
+
 
 def admin_request(
-    method: str, admin_url: str, path: str, body: Any = None, timeout: float = 10.0, token: str | None = None
+    method: str,
+    admin_url: str,
+    path: str,
+    body: Any = None,
+    timeout: float = 10.0,
+    token: str | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, Any]:
     """Call the admin REST API; return ``(status, parsed JSON or text)``.
 
-    ``token`` is sent as a bearer token. HTTP error statuses are returned, not raised;
-    connection failures raise OSError.
+    ``token`` is sent as a bearer token; ``context`` verifies an ``https://`` admin URL. HTTP
+    error statuses are returned, not raised; connection failures raise OSError.
     """
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(admin_url.rstrip("/") + path, data=data, method=method)
@@ -24,7 +53,7 @@ def admin_request(
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as e:
         status, raw = e.code, e.read()
@@ -35,3 +64,38 @@ def admin_request(
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+def expect(status_body: tuple[int, Any], method: str, path: str, ok: tuple[int, ...] = (200, 204)) -> Any:
+    """The body of an :func:`admin_request` answer whose status is in ``ok``; else AdminError."""
+    status, body = status_body
+    if status not in ok:
+        raise AdminError(method, path, status, body)
+    return body
+
+
+def topic_path(topic: str) -> str:
+    """``persistent://t/ns/name`` -> ``persistent/t/ns/name`` (URL-quoted name)."""
+    m = re.fullmatch(r"(persistent|non-persistent)://([^/]+)/([^/]+)/(.+)", topic)
+    if not m:
+        raise ValueError(f"expected a fully qualified topic name, got {topic!r}")
+    domain, tenant, ns, name = m.groups()
+    return f"{domain}/{tenant}/{ns}/{urllib.parse.quote(name, safe='')}"
+
+
+def create_namespace(admin_url: str, namespace: str) -> None:
+    """Create ``tenant/namespace`` (HTTP 409 if it already exists raises AdminError)."""
+    path = f"/admin/v2/namespaces/{namespace}"
+    expect(admin_request("PUT", admin_url, path, {}), "PUT", path)
+
+
+def enable_namespace_dedup(admin_url: str, namespace: str) -> None:
+    """Enable broker-side message deduplication for every topic in ``namespace``."""
+    path = f"/admin/v2/namespaces/{namespace}/deduplication"
+    expect(admin_request("POST", admin_url, path, True), "POST", path)
+
+
+def create_partitioned_topic(admin_url: str, topic: str, n: int) -> None:
+    """Create a partitioned topic with ``n`` partitions (AdminError if it exists)."""
+    path = f"/admin/v2/{topic_path(topic)}/partitions"
+    expect(admin_request("PUT", admin_url, path, n), "PUT", path)

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import __version__
 from .auth import Authentication
 from .errors import (
     AuthenticationError,
@@ -22,6 +21,7 @@ from .errors import (
 )
 from .protocol import Frame, FrameDecoder, encode_command, pb
 from .protocol.frames import DEFAULT_MAX_MESSAGE_SIZE, FRAME_HEADROOM
+from .version import __version__
 
 log = logging.getLogger("txn.connection")
 

@@ -541,7 +541,9 @@ class _PartitionProducer:
                 pass
 
 
-def _java_string_hash(s: str) -> int:
+def java_string_hash(s: str) -> int:
+    """The partition hash of a key, as the Java client computes it (``String.hashCode``, made
+    non-negative): a keyed message goes to partition ``java_string_hash(key) % partitions``."""
     h = 0
     for ch in s.encode("utf-16-be").decode("utf-16-be"):
         h = (31 * h + ord(ch)) & 0xFFFFFFFF
@@ -592,7 +594,7 @@ class AsyncProducer:
         if len(parts) == 1:
             return parts[0]
         if partition_key:
-            return parts[_java_string_hash(partition_key) % len(parts)]
+            return parts[java_string_hash(partition_key) % len(parts)]
         if self.conf.batching_enabled:
             slot = int(time.monotonic() * 1000 / max(self.conf.batching_max_publish_delay_ms, 1))
             return parts[slot % len(parts)]

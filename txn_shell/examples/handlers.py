@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import os
 
-from ..delivery.output import Output
-from ..message import Message
+from txn.message import Message
 
 
 def upper(message: Message) -> bytes:
     """Upper-case the payload."""
     return message.data().upper()
-
-
-def tagged(message: Message) -> Output:
-    """Copy the payload, adding a property with the source message id."""
-    props = dict(message.properties())
-    props["source-id"] = str(message.message_id())
-    return Output(message.data(), properties=props, partition_key=message.partition_key() or None)
 
 
 def poison_aware(message: Message) -> bytes:
@@ -38,15 +30,6 @@ def poison_while_flagged(message: Message) -> bytes:
     if b"poison" in message.data() and flag and os.path.exists(flag):
         raise ValueError(f"cannot process {message.data()[:40]!r} (flag {flag} is set)")
     return message.data().upper()
-
-
-def fan_out(message: Message) -> list[Output]:
-    """Two outputs per input: to the output topic and to ``$FANOUT_TOPIC`` if set."""
-    outs = [Output(message.data())]
-    extra = os.environ.get("FANOUT_TOPIC")
-    if extra:
-        outs.append(Output(message.data(), topic=extra))
-    return outs
 
 
 def mod3(message: Message) -> list[bytes]:

@@ -7,16 +7,15 @@ which then stops them (SIGTERM, SIGKILL of the process group if they do not exit
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from txn.admin import admin_request
 
 T = TypeVar("T")
 
@@ -127,19 +126,7 @@ class ControlPlane(Child):
 
     def request(self, method: str, path: str, *, auth: bool = False, timeout: float = 30) -> tuple[int, Any]:
         """``(status, parsed JSON or text)``; with ``auth`` the API token is sent as a bearer token."""
-        req = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None)
-        if auth:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        text = raw.decode("utf-8", "replace")
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, text
+        return admin_request(method, self.url, path, timeout=timeout, token=self.token if auth else None)
 
     def get(self, path: str) -> Any:
         """GET; the JSON body of a 200, else DemoError."""

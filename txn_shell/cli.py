@@ -6,7 +6,7 @@
     pulsar-txn replay --batch ID ...      replay a parked batch exactly once
     pulsar-txn spark submit JOB ...       Spark exactly-once runtime (DataFrame transform per batch)
     pulsar-txn spark drop-subscription    drop a retired streaming query's subscription (pulsar source)
-    pulsar-txn api | txns | batches | jobs   the control plane, and its client (see txn/cli_api.py)
+    pulsar-txn api | txns | batches | jobs   the control plane, and its client (see txn_shell/cli_api.py)
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+
+from txn.version import __version__
 
 from . import cli_api, localbroker
 
@@ -66,8 +68,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_process(args: argparse.Namespace) -> int:
     import logging
 
-    from .delivery.output import load_handler
-    from .delivery.processor import Processor
+    from txn.delivery.output import load_handler
+    from txn.delivery.processor import Processor
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = load_handler(args.handler)
@@ -105,9 +107,9 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .delivery.ledger import default_ledger_topic
-    from .delivery.output import load_handler
-    from .delivery.replay import ReplayError, replay
+    from txn.delivery.ledger import default_ledger_topic
+    from txn.delivery.output import load_handler
+    from txn.delivery.replay import ReplayError, replay
 
     ledger = args.ledger_topic or default_ledger_topic(args.output or "persistent://public/default/x")
     handler = load_handler(args.handler) if args.handler else None
@@ -194,6 +196,7 @@ def cmd_spark_drop_subscription(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pulsar-txn", description="Exactly-once processing on Apache Pulsar")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def broker_opts(sp: argparse.ArgumentParser) -> None:

@@ -39,27 +39,21 @@ import subprocess
 import tarfile
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .admin import admin_request
+from txn.admin import admin_request, topic_path
+
+from .pulsar_version import PULSAR_VERSION
 
 __all__ = [
     "CONFIG_OVERRIDES",
     "PULSAR_VERSION",
-    "AdminError",
     "BrokerError",
     "LocalBroker",
-    "admin_request",
     "cache_dir",
-    "create_namespace",
-    "create_partitioned_topic",
-    "enable_namespace_dedup",
     "ensure_distribution",
     "free_port",
     "generate_tls_material",
@@ -67,9 +61,6 @@ __all__ = [
     "probe_transaction_coordinator",
     "render_config",
 ]
-
-VERSION_FILE = Path(__file__).resolve().parent.parent / "deploy/pulsar/VERSION"
-PULSAR_VERSION: str = VERSION_FILE.read_text().strip()
 
 HOST = "127.0.0.1"
 DEFAULT_BROKER_PORT = 6650
@@ -140,15 +131,6 @@ Progress = Callable[[str], None]
 
 class BrokerError(RuntimeError):
     """The local broker could not be fetched, started, probed or stopped."""
-
-
-class AdminError(RuntimeError):
-    """An admin REST call returned an unexpected status."""
-
-    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
-        super().__init__(f"{method} {path} -> HTTP {status}: {str(body)[:500]}")
-        self.status = status
-        self.body = body
 
 
 # --------------------------------------------------------------------------
@@ -241,46 +223,12 @@ def render_config(template: str, overrides: Mapping[str, str]) -> str:
         else:
             appended.append(f"{key}={value}")
     if appended:
-        lines += ["", "# --- added by txn.localbroker ---", *appended]
+        lines += ["", "# --- added by txn_shell.localbroker ---", *appended]
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------
 # Admin REST helpers
-
-
-def _expect(status_body: tuple[int, Any], method: str, path: str, ok: tuple[int, ...] = (200, 204)) -> Any:
-    status, body = status_body
-    if status not in ok:
-        raise AdminError(method, path, status, body)
-    return body
-
-
-def _topic_path(topic: str) -> str:
-    """``persistent://t/ns/name`` -> ``persistent/t/ns/name`` (URL-quoted name)."""
-    m = re.fullmatch(r"(persistent|non-persistent)://([^/]+)/([^/]+)/(.+)", topic)
-    if not m:
-        raise ValueError(f"expected a fully qualified topic name, got {topic!r}")
-    domain, tenant, ns, name = m.groups()
-    return f"{domain}/{tenant}/{ns}/{urllib.parse.quote(name, safe='')}"
-
-
-def create_namespace(admin_url: str, namespace: str) -> None:
-    """Create ``tenant/namespace`` (HTTP 409 if it already exists raises AdminError)."""
-    path = f"/admin/v2/namespaces/{namespace}"
-    _expect(admin_request("PUT", admin_url, path, {}), "PUT", path)
-
-
-def enable_namespace_dedup(admin_url: str, namespace: str) -> None:
-    """Enable broker-side message deduplication for every topic in ``namespace``."""
-    path = f"/admin/v2/namespaces/{namespace}/deduplication"
-    _expect(admin_request("POST", admin_url, path, True), "POST", path)
-
-
-def create_partitioned_topic(admin_url: str, topic: str, n: int) -> None:
-    """Create a partitioned topic with ``n`` partitions (AdminError if it exists)."""
-    path = f"/admin/v2/{_topic_path(topic)}/partitions"
-    _expect(admin_request("PUT", admin_url, path, n), "PUT", path)
 
 
 # --------------------------------------------------------------------------
@@ -801,7 +749,7 @@ class LocalBroker:
         ]
         with open(self.log_file, "ab") as log:
             stamp = datetime.datetime.now().isoformat(timespec="seconds")
-            log.write(f"\n===== txn.localbroker: starting Pulsar {PULSAR_VERSION} at {stamp} =====\n".encode())
+            log.write(f"\n===== txn_shell.localbroker: starting Pulsar {PULSAR_VERSION} at {stamp} =====\n".encode())
             log.flush()
             self._log_offset = log.tell()
             self._proc = subprocess.Popen(
@@ -850,7 +798,7 @@ class LocalBroker:
                 return f"binary port {self.broker_port} not accepting connections"
             if self.broker_port_tls is not None and not _port_open(self.broker_port_tls):
                 return f"TLS binary port {self.broker_port_tls} not accepting connections"
-            tc_path = f"/admin/v2/{_topic_path(TC_ASSIGN_TOPIC)}/partitions"
+            tc_path = f"/admin/v2/{topic_path(TC_ASSIGN_TOPIC)}/partitions"
             status, body = admin_request("GET", self.admin_url, tc_path, timeout=5)
             n = body.get("partitions", 0) if status == 200 and isinstance(body, dict) else 0
             if n <= 0:
@@ -870,7 +818,7 @@ class LocalBroker:
             if not warm:
                 return "transaction coordinators not loaded"
             for tc in range(n):
-                topic = f"{_topic_path(TC_ASSIGN_TOPIC)}-partition-{tc}"
+                topic = f"{topic_path(TC_ASSIGN_TOPIC)}-partition-{tc}"
                 status, body = admin_request("GET", self.admin_url, f"/lookup/v2/topic/{topic}")
                 if status != 200:
                     return f"lookup of TC {tc} assign partition -> {status}"

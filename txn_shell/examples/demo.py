@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..admin import admin_request
-from ..delivery.ledger import default_ledger_topic
-from ..localbroker import AdminError, BrokerError, LocalBroker, cache_dir, create_namespace
+from txn.admin import AdminError, admin_request, create_namespace
+from txn.delivery.ledger import default_ledger_topic
+
+from ..localbroker import BrokerError, LocalBroker, cache_dir
 from . import demo_data as data
 from .demo_services import Child, ControlPlane, DemoError, previous_api, stop_pid, tail, wait_for
 

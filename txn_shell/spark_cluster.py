@@ -5,9 +5,9 @@ dir, ``bin/spark-class``), so nothing beyond the venv and a Java 17 runtime is n
 binds to loopback on free ports; logs, pid files, the worker's scratch dirs, an empty
 ``SPARK_CONF_DIR`` and ``cluster.json`` (master URL, web UI URL, pids) live in ``--dir``.
 
-    python deploy/spark/standalone.py start  --dir D [--cores 1] [--memory 1g]   # prints the master URL
-    python deploy/spark/standalone.py status --dir D [--json]
-    python deploy/spark/standalone.py stop   --dir D
+    python -m txn_shell.spark_cluster start  --dir D [--cores 1] [--memory 1g]   # prints the master URL
+    python -m txn_shell.spark_cluster status --dir D [--json]
+    python -m txn_shell.spark_cluster stop   --dir D
 
 Importable too: ``start_cluster(dir) -> master_url``, ``cluster_status(dir) -> dict``,
 ``stop_cluster(dir)``. The processes run in their own session and outlive the caller until ``stop``.
