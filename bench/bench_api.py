@@ -10,7 +10,7 @@ Run from the repository root::
 
 Steps:
 
-1. start a throw-away :class:`txn_shell.localbroker.LocalBroker` (or use ``--service-url``/``--admin-url``);
+1. start a throw-away :class:`txn.localbroker.LocalBroker` (or use ``--service-url``/``--admin-url``);
 2. write a synthetic ledger into a fresh namespace: 3 jobs, 1000 batches each (``--batches``),
    mostly STARTED+COMMITTED, some retried, aborted or parked, the newest few still open,
    spread over the last 10 minutes;
@@ -56,10 +56,9 @@ for _p in (ROOT, ROOT / "bench"):
 
 import httpx  # noqa: E402
 
-from txn.admin import create_namespace  # noqa: E402
 from txn.client import AsyncClient  # noqa: E402
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms  # noqa: E402
-from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
+from txn.localbroker import LocalBroker, create_namespace, free_port  # noqa: E402
 
 from loadgen import Check, LoadResult, Req, run_load, summarize  # noqa: E402
 from machine import machine_load  # noqa: E402
@@ -143,20 +142,21 @@ def make_ledger(ledger: str, jobs: list[str], batches_per_job: int, *, seed: int
             for attempt in range(1, attempts + 1):
                 tid = txn_id(seq)
                 seq += 1
-                brecs.append(LedgerRecord("STARTED", job, batch_id, tid, attempt, inputs, started_at_ms=t,
-                                          config=config))
+                brecs.append(LedgerRecord(kind="STARTED", job=job, batch_id=batch_id, txn_id=tid, attempt=attempt,
+                                          inputs=inputs, started_at_ms=t, config=config))
                 if kind == "open":
                     info.txns[tid] = (job, "OPEN", t)
                     break
                 dur = int(rng.lognormvariate(3.4, 0.5))  # ~30 ms, a tail to a few hundred
                 last = attempt == attempts
                 if (kind == "commit" or kind == "retry") and last:
-                    brecs.append(LedgerRecord("COMMITTED", job, batch_id, tid, attempt, inputs, {out: n_in},
-                                              started_at_ms=t, ended_at_ms=t + dur))
+                    brecs.append(LedgerRecord(kind="COMMITTED", job=job, batch_id=batch_id, txn_id=tid, attempt=attempt,
+                                              inputs=inputs, outputs={out: n_in}, started_at_ms=t, ended_at_ms=t + dur))
                     info.txns[tid] = (job, "COMMITTED", t)
                 else:
-                    brecs.append(LedgerRecord("ABORTED", job, batch_id, tid, attempt, inputs, started_at_ms=t,
-                                              ended_at_ms=t + dur, error="TimeoutError: handler took too long"))
+                    brecs.append(LedgerRecord(kind="ABORTED", job=job, batch_id=batch_id, txn_id=tid, attempt=attempt,
+                                              inputs=inputs, started_at_ms=t, ended_at_ms=t + dur,
+                                              error="TimeoutError: handler took too long"))
                     info.txns[tid] = (job, "ABORTED", t)
                 t += dur + 5
             status = {"open": "STARTED", "commit": "COMMITTED", "retry": "COMMITTED", "park": "PARKED",
@@ -165,8 +165,9 @@ def make_ledger(ledger: str, jobs: list[str], batches_per_job: int, *, seed: int
                 tid = txn_id(seq)
                 seq += 1
                 msg = inputs[src][0]
-                brecs.append(LedgerRecord("PARKED", job, batch_id, tid, attempts, {src: [msg]}, {src + "-parked": 1},
-                                          started_at_ms=t, ended_at_ms=t + 8, error="ValueError: bad record",
+                brecs.append(LedgerRecord(kind="PARKED", job=job, batch_id=batch_id, txn_id=tid, attempt=attempts,
+                                          inputs={src: [msg]}, outputs={src + "-parked": 1}, started_at_ms=t,
+                                          ended_at_ms=t + 8, error="ValueError: bad record",
                                           parked_topic=src + "-parked", config=config))
                 info.txns[tid] = (job, "COMMITTED", t)
             info.batches[batch_id] = (job, status, len(brecs))

@@ -34,7 +34,7 @@ import pulsar  # noqa: E402
 import txn  # noqa: E402
 from txn.delivery.ledger import LedgerRecord  # noqa: E402
 from txn.delivery.ledger_guard import LedgerGuard  # noqa: E402
-from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
+from txn.localbroker import LocalBroker, free_port  # noqa: E402
 
 INPUT = "persistent://public/default/bench-guard-in"
 
@@ -49,7 +49,8 @@ def fill(service_url: str, topic: str, n: int) -> txn.MessageId:
             for b in range(n):
                 job = "measured" if b % 2 == 0 else "other"
                 ids = [f"(7,{b},-1,{i})" for i in range(100)]
-                rec = LedgerRecord("COMMITTED", job, f"{job}:x:{b}", f"(0,{b})", 1, {INPUT: ids}, {"o": 100})
+                rec = LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:x:{b}", txn_id=f"(0,{b})", attempt=1,
+                                   inputs={INPUT: ids}, outputs={"o": 100})
                 futs.append(await p.send_async(rec.to_json(), partition_key=rec.batch_id))
             last = None
             for f in futs:

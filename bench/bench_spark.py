@@ -5,7 +5,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_spark.py [--rows 200000] [--runs 3] [--quick]
 
-By default a throw-away :class:`txn_shell.localbroker.LocalBroker` (temp data dir, free ports) is
+By default a throw-away :class:`txn.localbroker.LocalBroker` (temp data dir, free ports) is
 started and stopped at the end; pass ``--service-url``/``--admin-url`` to use a running broker
 instead (it needs transactions enabled; the script creates a namespace with deduplication on).
 Spark runs in this process, ``--master local[2]`` by default.
@@ -75,10 +75,16 @@ from spark_jobs.runtime import SparkProcessor  # noqa: E402
 from spark_jobs.sink import PulsarTxnDataSource  # noqa: E402
 from spark_jobs.sink_runtime import commit_transaction, open_transaction, run, write_ledger  # noqa: E402
 from txn import AsyncClient, Message  # noqa: E402
-from txn.admin import admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup  # noqa: E402
 from txn.delivery.ledger import LedgerRecord  # noqa: E402
 from txn.delivery.processor import ProcessorConfig  # noqa: E402
-from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
+from txn.localbroker import (  # noqa: E402
+    LocalBroker,
+    admin_request,
+    create_namespace,
+    create_partitioned_topic,
+    enable_namespace_dedup,
+    free_port,
+)
 
 from machine import machine_load  # noqa: E402
 from official import count_topic, official_client  # noqa: E402
@@ -352,9 +358,9 @@ def overhead(args: argparse.Namespace, spark: Any, url: str, admin: str, ns: str
         t0 = time.perf_counter()
         txn_id = run(open_transaction(url, 60000))
         t1 = time.perf_counter()
-        run(write_ledger(url, ledger, LedgerRecord("STARTED", JOB, f"{JOB}:{i}", txn_id)))
+        run(write_ledger(url, ledger, LedgerRecord(kind="STARTED", job=JOB, batch_id=f"{JOB}:{i}", txn_id=txn_id)))
         t2 = time.perf_counter()
-        rec = LedgerRecord("COMMITTED", JOB, f"{JOB}:{i}", txn_id, outputs={sink_topic: 1})
+        rec = LedgerRecord(kind="COMMITTED", job=JOB, batch_id=f"{JOB}:{i}", txn_id=txn_id, outputs={sink_topic: 1})
         res = run(commit_transaction(url, txn_id, 60000, ledger, rec))
         t3 = time.perf_counter()
         if not res.committed:

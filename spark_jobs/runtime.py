@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from txn import AsyncClient, Message
+from txn.delivery.ledger import RecordConfig
 from txn.delivery.output import Output, load_handler
 from txn.delivery.processor import AsyncProcessor, BatchFailed, ProcessorConfig, ProcessorStats
 from txn.topic import parse_topic
@@ -119,11 +120,8 @@ class SparkProcessor(AsyncProcessor):
         # Outputs of a DataFrame transform belong to the batch as a whole.
         return [(msgs[0], outputs)] if msgs else []
 
-    def _record_config(self) -> dict[str, Any]:
-        cfg = super()._record_config()
-        cfg["runtime"] = "spark"
-        cfg["transform"] = self.config.handler_spec
-        return cfg
+    def _record_config(self) -> RecordConfig:
+        return super()._record_config().updated(runtime="spark", transform=self.config.handler_spec)
 
 
 def _unused_handler(message: Message) -> None:  # pragma: no cover - SparkProcessor overrides _transform

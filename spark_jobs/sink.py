@@ -157,7 +157,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
+from txn.delivery.batch_ids import micro_batch_id, stream_next_id, write_batch_id
+from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, default_ledger_topic, now_ms
 
 from .sink_runtime import (
     BATCH_MAX_BYTES,
@@ -397,18 +398,18 @@ class _WriterBase:
     def _record(self, batch_id: str, messages: list[Any], extra: dict[str, Any]) -> LedgerRecord:
         outputs, rows, dups = _totals(messages)
         o = self.opts
-        config = {"sink": FORMAT, "topic": o.topic, "ledger_topic": o.ledger_topic, "tasks": len(messages),
-                  "rows": rows, "duplicates_dropped": dups, "deterministic_order": o.deterministic_order,
-                  "batch_max_rows": o.batch_max_rows,
-                  "task_attempts": {str(m.partition_id): m.attempt for m in messages if m is not None}, **extra}
-        return LedgerRecord("COMMITTED", o.job, batch_id, self.txn_id, 1, {}, outputs,
-                            started_at_ms=self.opened_at_ms or now_ms(), config=config)
+        config = RecordConfig.of(
+            sink=FORMAT, topic=o.topic, ledger_topic=o.ledger_topic, tasks=len(messages), rows=rows,
+            duplicates_dropped=dups, deterministic_order=o.deterministic_order, batch_max_rows=o.batch_max_rows,
+            task_attempts={str(m.partition_id): m.attempt for m in messages if m is not None}, **extra)
+        return LedgerRecord(kind=Kind.COMMITTED, job=o.job, batch_id=batch_id, txn_id=self.txn_id, attempt=1, inputs={},
+                            outputs=outputs, started_at_ms=self.opened_at_ms or now_ms(), config=config)
 
 
     def _replay_dropped(self, rec: LedgerRecord, reason: str) -> None:
         """A replayed micro-batch's transaction was aborted: say so in the ledger."""
         log.warning("pulsar-txn %s: %s", rec.batch_id, reason)
-        rec.kind, rec.error, rec.ended_at_ms = "ABORTED", f"DuplicateMicroBatch: {reason}", now_ms()
+        rec.kind, rec.error, rec.ended_at_ms = Kind.ABORTED, f"DuplicateMicroBatch: {reason}", now_ms()
         run(write_ledger(self.opts.service_url, self.opts.ledger_topic, rec))
 
 
@@ -422,14 +423,15 @@ class PulsarTxnWriter(_WriterBase, DataSourceWriter):
             require_deduplication(opts.admin_url, opts.topic)
         self.write_id = uuid.uuid4().hex[:16]
         if opts.batch_id is not None:  # a foreachBatch micro-batch: idempotent per (query, batch)
-            self.batch_key = f"{opts.job}:{opts.query_id}:{opts.batch_id}"
+            self.batch_key = micro_batch_id(opts.job, opts.query_id, opts.batch_id)
         else:
-            self.batch_key = f"{opts.job}:{self.write_id}"
+            self.batch_key = write_batch_id(opts.job, self.write_id)
         self.opened_at_ms = now_ms()
         self.txn_id = run(open_transaction(opts.service_url, opts.txn_timeout_ms))
         run(write_ledger(opts.service_url, opts.ledger_topic,
-                         LedgerRecord("STARTED", opts.job, self.batch_key, self.txn_id,
-                                      started_at_ms=self.opened_at_ms, config={"sink": FORMAT, "topic": opts.topic})))
+                         LedgerRecord(kind=Kind.STARTED, job=opts.job, batch_id=self.batch_key, txn_id=self.txn_id,
+                                      started_at_ms=self.opened_at_ms,
+                                      config=RecordConfig.of(sink=FORMAT, topic=opts.topic))))
         log.info("pulsar-txn write %s: transaction %s opened", self.batch_key, self.txn_id)
 
     def commit(self, messages: list[Any]) -> None:
@@ -453,9 +455,10 @@ class PulsarTxnWriter(_WriterBase, DataSourceWriter):
         outputs, _, _ = _totals(messages)
         failed = sum(1 for m in messages if m is None)
         run(write_ledger(o.service_url, o.ledger_topic, LedgerRecord(
-            "ABORTED", o.job, self.batch_key, self.txn_id, started_at_ms=self.opened_at_ms, ended_at_ms=now_ms(),
-            outputs=outputs, error=f"SparkWriteAborted: {failed} of {len(messages)} task(s) failed",
-            config={"sink": FORMAT, "topic": o.topic})))
+            kind=Kind.ABORTED, job=o.job, batch_id=self.batch_key, txn_id=self.txn_id, started_at_ms=self.opened_at_ms,
+            ended_at_ms=now_ms(), outputs=outputs,
+            error=f"SparkWriteAborted: {failed} of {len(messages)} task(s) failed",
+            config=RecordConfig.of(sink=FORMAT, topic=o.topic))))
         log.warning("pulsar-txn write %s: aborted %s", self.batch_key, self.txn_id)
 
 
@@ -520,8 +523,9 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
             self.txn_id = run(open_transaction(self.opts.service_url, self.opts.txn_timeout_ms))
             o = self.opts
             run(record_stream_open(o.service_url, o.ledger_topic, self.stream_key, LedgerRecord(
-                "STARTED", o.job, f"{o.job}:{self.stream_key}:next", self.txn_id, started_at_ms=self.opened_at_ms,
-                config={"sink": FORMAT, "stream_key": self.stream_key, "topic": o.topic})))
+                kind=Kind.STARTED, job=o.job, batch_id=stream_next_id(o.job, self.stream_key), txn_id=self.txn_id,
+                started_at_ms=self.opened_at_ms,
+                config=RecordConfig.of(sink=FORMAT, stream_key=self.stream_key, topic=o.topic))))
             log.info("pulsar-txn stream %s: transaction %s opened for the next micro-batch", self.stream_key,
                      self.txn_id)
         return dict(self.__dict__)
@@ -540,7 +544,7 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
         self.txn_id = self._batch_txn(messages)
         opened = [m.opened_at_ms for m in messages if m is not None and m.opened_at_ms]
         self.opened_at_ms = min(opened) if opened else now_ms()
-        batch_key = f"{o.job}:{self.stream_key}:{batchId}"
+        batch_key = micro_batch_id(o.job, self.stream_key, int(batchId))
         rec = self._record(batch_key, messages, {"stream_key": self.stream_key, "query_id": self.stream_key,
                                                  "spark_batch_id": int(batchId)})
         _fault_hook("kill_before_sink_commit", batchId)
@@ -565,9 +569,9 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
                             "timeout", self.stream_key, batchId)
                 return
         run(write_ledger(o.service_url, o.ledger_topic, LedgerRecord(
-            "ABORTED", o.job, f"{o.job}:{self.stream_key}:{batchId}", txn_id, ended_at_ms=now_ms(),
-            error="SparkWriteAborted", config={"sink": FORMAT, "stream_key": self.stream_key,
-                                              "spark_batch_id": int(batchId)})))
+            kind=Kind.ABORTED, job=o.job, batch_id=micro_batch_id(o.job, self.stream_key, int(batchId)),
+            txn_id=txn_id, ended_at_ms=now_ms(), error="SparkWriteAborted",
+            config=RecordConfig.of(sink=FORMAT, stream_key=self.stream_key, spark_batch_id=int(batchId)))))
 
 
 class PulsarTxnDataSource(DataSource):

@@ -25,13 +25,13 @@ import pulsar
 import pytest
 
 import txn
-from txn.admin import create_namespace
+from txn import cli
 from txn.client import AsyncClient
 from txn.delivery import Processor
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
 from txn.delivery.replay import read_ledger
-from txn_shell import cli
-from txn_shell.examples.handlers import POISON_FLAG_ENV, poison_while_flagged
+from txn.examples.handlers import POISON_FLAG_ENV, poison_while_flagged
+from txn.localbroker import create_namespace
 
 from api_server import TOKEN, ApiServer
 from peer import read_until_sentinel
@@ -94,7 +94,7 @@ class DataSet:
         self.stats = Processor(
             broker.service_url, self.inp, self.out, "s", poison_while_flagged, job=self.job,
             batch_max_messages=20, batch_max_delay_ms=50, max_attempts=2, progress=None,
-            handler_spec="txn_shell.examples.handlers:poison_while_flagged",
+            handler_spec="txn.examples.handlers:poison_while_flagged",
         ).run(idle_exit_ms=3000, install_signal_handlers=False)
         self.records = ledger_records(broker, self.ledger)
         kinds = Counter(r.kind for r in self.records)
@@ -120,7 +120,7 @@ def env(request: pytest.FixtureRequest, broker: Any, tmp_path_factory: pytest.Te
         url = f"sqlite:///{d}/api.db"
     else:
         url = request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1)
-    jobs = {data.job: {"handler": "txn_shell.examples.handlers:poison_while_flagged", "output": data.out,
+    jobs = {data.job: {"handler": "txn.examples.handlers:poison_while_flagged", "output": data.out,
                        "parked_topics": [f"{data.inp}-parked"]}}
     server = ApiServer(broker, url, d / "api.log", ledger_topics=[data.ledger], jobs=jobs,
                        extra_env={POISON_FLAG_ENV: str(data.flag)}).start()
@@ -366,12 +366,13 @@ def test_batch_ids_ending_in_the_replay_suffix(broker: Any, tmp_path: Path) -> N
     create_namespace(broker.admin_url, ns)
     ledger = default_ledger_topic(f"persistent://{ns}/x")
     job = "edge/replay"
-    recs = [LedgerRecord("STARTED", job, "e/replay", "(0,1)", 1, {"in": ["(1,1,-1,-1)"]}, started_at_ms=1000),
-            LedgerRecord("COMMITTED", job, "e/replay", "(0,1)", 1, {"in": ["(1,1,-1,-1)"]}, {"out": 1},
-                         started_at_ms=1000, ended_at_ms=1050),
-            LedgerRecord("PARKED", job, "e/replay/replay", "(0,2)", 2, {"in": ["(1,2,-1,-1)"]}, {"in-parked": 1},
-                         started_at_ms=2000, ended_at_ms=2050, error="boom",
-                         parked_topic=f"persistent://{ns}/in-parked")]
+    recs = [LedgerRecord(kind="STARTED", job=job, batch_id="e/replay", txn_id="(0,1)", attempt=1,
+                         inputs={"in": ["(1,1,-1,-1)"]}, started_at_ms=1000),
+            LedgerRecord(kind="COMMITTED", job=job, batch_id="e/replay", txn_id="(0,1)", attempt=1,
+                         inputs={"in": ["(1,1,-1,-1)"]}, outputs={"out": 1}, started_at_ms=1000, ended_at_ms=1050),
+            LedgerRecord(kind="PARKED", job=job, batch_id="e/replay/replay", txn_id="(0,2)", attempt=2,
+                         inputs={"in": ["(1,2,-1,-1)"]}, outputs={"in-parked": 1}, started_at_ms=2000, ended_at_ms=2050,
+                         error="boom", parked_topic=f"persistent://{ns}/in-parked")]
     c = txn.Client(broker.service_url)
     try:
         p = c.create_producer(ledger)
@@ -379,7 +380,7 @@ def test_batch_ids_ending_in_the_replay_suffix(broker: Any, tmp_path: Path) -> N
             p.send(r.to_json(), partition_key=r.batch_id)
     finally:
         c.close()
-    jobs = {job: {"handler": "txn_shell.examples.handlers:upper", "output": f"persistent://{ns}/out",
+    jobs = {job: {"handler": "txn.examples.handlers:upper", "output": f"persistent://{ns}/out",
                   "parked_topics": [f"persistent://{ns}/in-parked"]}}
     server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
                        jobs=jobs).start()
@@ -465,7 +466,8 @@ def test_vanished_open_transaction_is_resolved_as_aborted(broker: Any, tmp_path:
     c = txn.Client(broker.service_url)
     try:
         t = c.new_transaction(timeout_millis=2000)
-        rec = LedgerRecord("STARTED", "orphan", "orphan:1", str(t.id), 1, {}, started_at_ms=now_ms())
+        rec = LedgerRecord(kind="STARTED", job="orphan", batch_id="orphan:1", txn_id=str(t.id), attempt=1, inputs={},
+                           started_at_ms=now_ms())
         c.create_producer(ledger).send(rec.to_json(), partition_key="orphan:1")
     finally:
         c.close()

@@ -29,11 +29,10 @@ import txn
 from coordinator_api import db
 from coordinator_api.db import make_engine
 from coordinator_api.projection import Entry, apply_chunk, load_position
-from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, default_ledger_topic, json_depth
 from txn.delivery.processor import PARK_BATCH, PARK_SOURCE_TOPIC
+from txn.localbroker import create_namespace, free_port
 from txn.message import MessageId
-from txn_shell.localbroker import free_port
 
 from api_server import ROOT, TOKEN, ApiServer
 from peer import read_until_sentinel
@@ -85,8 +84,9 @@ def park(broker: Any, ledger: str, parked_topic: str, batch: str, job: str, payl
          config: dict[str, Any]) -> None:
     """A parked batch as anyone could write it: one message on ``parked_topic`` and a PARKED record."""
     send(broker, parked_topic, [(batch, payload)], {PARK_BATCH: batch, PARK_SOURCE_TOPIC: parked_topic})
-    rec = LedgerRecord("PARKED", job, batch, "(0,1)", 2, {"in": ["(1,1,-1,-1)"]}, {parked_topic: 1},
-                       started_at_ms=1000, ended_at_ms=1050, error="boom", parked_topic=parked_topic, config=config)
+    rec = LedgerRecord(kind="PARKED", job=job, batch_id=batch, txn_id="(0,1)", attempt=2,
+                       inputs={"in": ["(1,1,-1,-1)"]}, outputs={parked_topic: 1}, started_at_ms=1000, ended_at_ms=1050,
+                       error="boom", parked_topic=parked_topic, config=config)
     send(broker, ledger, [(batch, rec.to_json())])
 
 
@@ -125,7 +125,7 @@ def test_a_planted_record_cannot_choose_the_code_or_the_topic(broker: Any, tmp_p
     park(broker, ledger, parked, "planted:1", "planted", b"x", evil)
     park(broker, ledger, f"persistent://{ns}/elsewhere-parked", "victim:2", "victim", b"y", evil)
     park(broker, ledger, parked, "victim:1", "victim", b"hello", evil)
-    jobs = {"victim": {"handler": "txn_shell.examples.handlers:upper", "output": out, "parked_topics": [parked]}}
+    jobs = {"victim": {"handler": "txn.examples.handlers:upper", "output": out, "parked_topics": [parked]}}
     server = ApiServer(broker, db_url, tmp_path / "api.log", ledger_topics=[ledger], jobs=jobs).start()
     try:
         wait_projected(server, ledger, 3)
@@ -218,16 +218,19 @@ def test_batches_are_keyed_by_ledger_topic(broker: Any, tmp_path: Path, db_url: 
     a, b = (default_ledger_topic(f"persistent://{fresh_namespace(broker)}/x") for _ in range(2))
     tag = uuid.uuid4().hex[:8]
     job, bid, tid = f"iso-{tag}", f"iso-{tag}:1", f"(0,{7_000_000 + int(tag[:4], 16)})"
-    a_recs = [LedgerRecord("STARTED", job, bid, "(0,1)", 1, {"in": ["(1,1,-1,-1)"]}, started_at_ms=1000),
-              LedgerRecord("COMMITTED", job, bid, "(0,1)", 1, {"in": ["(1,1,-1,-1)"]}, {"out": 1},
-                           started_at_ms=1000, ended_at_ms=1050),
-              LedgerRecord("STARTED", job, f"{bid}x", tid, 1, {"in": ["(1,2,-1,-1)"]}, started_at_ms=2000),
-              LedgerRecord("ABORTED", job, f"{bid}x", tid, 1, {"in": ["(1,2,-1,-1)"]}, started_at_ms=2000,
-                           ended_at_ms=2050, error="boom")]
-    b_recs = [LedgerRecord("PARKED", job, bid, "(0,2)", 2, {"in": ["(1,1,-1,-1)"]}, {"p": 1}, started_at_ms=3000,
-                           ended_at_ms=3050, error="planted", parked_topic="persistent://public/default/p"),
-              LedgerRecord("COMMITTED", job, f"{bid}x", tid, 1, {"in": ["(1,2,-1,-1)"]}, {"out": 5},
-                           started_at_ms=3000, ended_at_ms=3050)]
+    a_recs = [LedgerRecord(kind="STARTED", job=job, batch_id=bid, txn_id="(0,1)", attempt=1,
+                           inputs={"in": ["(1,1,-1,-1)"]}, started_at_ms=1000),
+              LedgerRecord(kind="COMMITTED", job=job, batch_id=bid, txn_id="(0,1)", attempt=1,
+                           inputs={"in": ["(1,1,-1,-1)"]}, outputs={"out": 1}, started_at_ms=1000, ended_at_ms=1050),
+              LedgerRecord(kind="STARTED", job=job, batch_id=f"{bid}x", txn_id=tid, attempt=1,
+                           inputs={"in": ["(1,2,-1,-1)"]}, started_at_ms=2000),
+              LedgerRecord(kind="ABORTED", job=job, batch_id=f"{bid}x", txn_id=tid, attempt=1,
+                           inputs={"in": ["(1,2,-1,-1)"]}, started_at_ms=2000, ended_at_ms=2050, error="boom")]
+    b_recs = [LedgerRecord(kind="PARKED", job=job, batch_id=bid, txn_id="(0,2)", attempt=2,
+                           inputs={"in": ["(1,1,-1,-1)"]}, outputs={"p": 1}, started_at_ms=3000, ended_at_ms=3050,
+                           error="planted", parked_topic="persistent://public/default/p"),
+              LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{bid}x", txn_id=tid, attempt=1,
+                           inputs={"in": ["(1,2,-1,-1)"]}, outputs={"out": 5}, started_at_ms=3000, ended_at_ms=3050)]
     send(broker, a, [(r.batch_id, r.to_json()) for r in a_recs])
     send(broker, b, [(r.batch_id, r.to_json()) for r in b_recs])
     server = ApiServer(broker, db_url, tmp_path / "api.log", ledger_topics=[a]).start()
@@ -262,7 +265,8 @@ def test_discovery_is_limited_to_the_named_namespaces(broker: Any, tmp_path: Pat
     named, other = fresh_namespace(broker), fresh_namespace(broker)
     ledgers = {ns: default_ledger_topic(f"persistent://{ns}/x") for ns in (named, other)}
     for ns, ledger in ledgers.items():
-        rec = LedgerRecord("STARTED", "disc", f"disc:{ns}", "(0,1)", 1, {}, started_at_ms=1)
+        rec = LedgerRecord(kind="STARTED", job="disc", batch_id=f"disc:{ns}", txn_id="(0,1)", attempt=1, inputs={},
+                           started_at_ms=1)
         send(broker, ledger, [(rec.batch_id, rec.to_json())])
     server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log",
                        extra_env={"PULSAR_TXN_DISCOVER_NAMESPACES": named}).start()
@@ -283,8 +287,9 @@ def test_discovery_is_limited_to_the_named_namespaces(broker: Any, tmp_path: Pat
 
 def _bad_records(job: str, marker: str) -> list[tuple[bytes, str]]:
     """(payload, how its reason starts): the hostile records of the issue, and two more."""
-    base = json.loads(LedgerRecord("COMMITTED", job, f"{job}:bad", "(0,1)", 1, {"t": ["(1,1,-1,-1)"]}, {"o": 1},
-                                   started_at_ms=1, ended_at_ms=2, error=marker).to_json())
+    base = json.loads(LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:bad", txn_id="(0,1)", attempt=1,
+                                   inputs={"t": ["(1,1,-1,-1)"]}, outputs={"o": 1}, started_at_ms=1, ended_at_ms=2,
+                                   error=marker).to_json())
 
     def but(**kw: Any) -> bytes:
         return json.dumps({**base, **kw}).encode()
@@ -309,9 +314,10 @@ def test_malformed_records_are_quarantined_and_the_valid_ones_after_them_project
     job, marker = f"q-{tag}", f"SECRET-{tag}"
 
     def valid(i: int) -> list[tuple[str, bytes]]:
-        recs = [LedgerRecord("STARTED", job, f"{job}:{i}", f"(0,{i})", 1, {"in": [f"(1,{i},-1,-1)"]}, started_at_ms=i),
-                LedgerRecord("COMMITTED", job, f"{job}:{i}", f"(0,{i})", 1, {"in": [f"(1,{i},-1,-1)"]}, {"out": 1},
-                             started_at_ms=i, ended_at_ms=i + 5)]
+        recs = [LedgerRecord(kind="STARTED", job=job, batch_id=f"{job}:{i}", txn_id=f"(0,{i})", attempt=1,
+                             inputs={"in": [f"(1,{i},-1,-1)"]}, started_at_ms=i),
+                LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:{i}", txn_id=f"(0,{i})", attempt=1,
+                             inputs={"in": [f"(1,{i},-1,-1)"]}, outputs={"out": 1}, started_at_ms=i, ended_at_ms=i + 5)]
         return [(r.batch_id, r.to_json()) for r in recs]
 
     bad = _bad_records(job, marker)
@@ -348,8 +354,10 @@ def test_a_record_the_database_refuses_is_quarantined(db_url: str) -> None:
     engine = make_engine(db_url)
     topic = f"persistent://public/default/refused-{uuid.uuid4().hex[:8]}"
     marker = f"SECRET-{uuid.uuid4().hex[:8]}"
-    good = [LedgerRecord("COMMITTED", "refused", f"r:{i}", f"(0,{i})", 1, {}, started_at_ms=1) for i in (1, 3)]
-    bad = LedgerRecord("COMMITTED", "refused", "r:2", "(0,2)", 2**70, {}, started_at_ms=1, error=marker)
+    good = [LedgerRecord(kind="COMMITTED", job="refused", batch_id=f"r:{i}", txn_id=f"(0,{i})", attempt=1, inputs={},
+                         started_at_ms=1) for i in (1, 3)]
+    bad = LedgerRecord(kind="COMMITTED", job="refused", batch_id="r:2", txn_id="(0,2)", attempt=2**70, inputs={},
+                       started_at_ms=1, error=marker)
     entries = [Entry(MessageId(9, i, -1, -1), 100 + i, r, r.to_json()) for i, r in enumerate([good[0], bad, good[1]])]
     try:
         assert apply_chunk(engine, topic, entries) == (2, 1)
@@ -412,7 +420,7 @@ def test_trusted_hosts(broker: Any, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSAR_TXN_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txn_shell.cli", "api", "--port", str(port), "--service-url", broker.service_url,
+        [sys.executable, "-m", "txn.cli", "api", "--port", str(port), "--service-url", broker.service_url,
          "--admin-url", broker.admin_url, "--database-url", f"sqlite:///{tmp_path}/cli.db", "--log-level", "warning"],
         cwd=ROOT, env={**env, "PULSAR_TXN_PROJECT": "false"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -453,11 +461,12 @@ def _old_schema(url: str) -> None:
     db.ledger_records.to_metadata(md)
     engine = create_engine(url)
     md.create_all(engine)
-    recs = [("persistent://a/b/pulsar-txn-ledger", LedgerRecord("COMMITTED", "j", "same", "(0,1)", 1, {}, {"o": 2},
-                                                                started_at_ms=10, ended_at_ms=20)),
-            ("persistent://c/d/pulsar-txn-ledger", LedgerRecord("PARKED", "j", "same", "(0,2)", 2, {"i": ["x"]},
-                                                                {"p": 1}, started_at_ms=30, ended_at_ms=40,
-                                                                parked_topic="persistent://c/d/p"))]
+    recs = [("persistent://a/b/pulsar-txn-ledger", LedgerRecord(
+        kind="COMMITTED", job="j", batch_id="same", txn_id="(0,1)", attempt=1, inputs={}, outputs={"o": 2},
+        started_at_ms=10, ended_at_ms=20)),
+            ("persistent://c/d/pulsar-txn-ledger", LedgerRecord(
+                kind="PARKED", job="j", batch_id="same", txn_id="(0,2)", attempt=2, inputs={"i": ["x"]},
+                outputs={"p": 1}, started_at_ms=30, ended_at_ms=40, parked_topic="persistent://c/d/p"))]
     with engine.begin() as conn:
         for i, (topic, r) in enumerate(recs):
             conn.execute(db.ledger_records.insert().values(
@@ -504,8 +513,8 @@ def test_an_old_database_is_upgraded(empty_db_url: str) -> None:
 def test_the_record_model_checks_types_and_bounds_before_and_after_parsing() -> None:
     """``from_json`` (the library's parser, which the projection, replay and the ledger guard use)
     accepts what writers write and rejects each rule's violation by name, never echoing content."""
-    ok = LedgerRecord("COMMITTED", "j" * 256, "b" * 512, "(0,1)", 2**31 - 1, {"t": ["(1,2,-1,-1)"]}, {"o": 2**63 - 1},
-                      started_at_ms=0, error="e" * 40_000)
+    ok = LedgerRecord(kind="COMMITTED", job="j" * 256, batch_id="b" * 512, txn_id="(0,1)", attempt=2**31 - 1,
+                      inputs={"t": ["(1,2,-1,-1)"]}, outputs={"o": 2**63 - 1}, started_at_ms=0, error="e" * 40_000)
     back = LedgerRecord.from_json(ok.to_json())
     assert back.error is not None and len(back.error) == 32_768 and back.error.endswith(" [truncated]")
     base = json.loads(ok.to_json())

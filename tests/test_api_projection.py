@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 
 import txn
 from coordinator_api import db
-from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
+from txn.localbroker import create_namespace
 
 from api_server import ApiServer
 
@@ -40,13 +40,16 @@ def write_history(broker: Any, ledger: str) -> int:
         recs = []
         attempt = 1
         if i % 10 == 0:
-            recs += [LedgerRecord("STARTED", "hist", bid, f"(1,{i})", 1, inputs, started_at_ms=t0 + i),
-                     LedgerRecord("ABORTED", "hist", bid, f"(1,{i})", 1, inputs, started_at_ms=t0 + i,
-                                  ended_at_ms=t0 + i + 5, error="boom")]
+            recs += [LedgerRecord(kind="STARTED", job="hist", batch_id=bid, txn_id=f"(1,{i})", attempt=1, inputs=inputs,
+                                  started_at_ms=t0 + i),
+                     LedgerRecord(kind="ABORTED", job="hist", batch_id=bid, txn_id=f"(1,{i})", attempt=1, inputs=inputs,
+                                  started_at_ms=t0 + i, ended_at_ms=t0 + i + 5, error="boom")]
             attempt = 2
-        recs += [LedgerRecord("STARTED", "hist", bid, f"(0,{i})", attempt, inputs, started_at_ms=t0 + i),
-                 LedgerRecord("COMMITTED", "hist", bid, f"(0,{i})", attempt, inputs, {"persistent://public/x/out": 3},
-                              started_at_ms=t0 + i, ended_at_ms=t0 + i + 7)]
+        recs += [LedgerRecord(kind="STARTED", job="hist", batch_id=bid, txn_id=f"(0,{i})", attempt=attempt,
+                              inputs=inputs, started_at_ms=t0 + i),
+                 LedgerRecord(kind="COMMITTED", job="hist", batch_id=bid, txn_id=f"(0,{i})", attempt=attempt,
+                              inputs=inputs, outputs={"persistent://public/x/out": 3}, started_at_ms=t0 + i,
+                              ended_at_ms=t0 + i + 7)]
         for r in recs:
             p.send_async(r.to_json(), None, partition_key=bid)
             n += 1

@@ -65,21 +65,25 @@ def ledger(seed: int = 5) -> list[LedgerRecord]:
                 txn += 1
                 tid = f"({txn % 2},{txn})"
                 dur = rng.choice([3, 30, 30, 250]) if rng.random() < 0.3 else rng.randrange(1, 90_000)
-                recs.append(LedgerRecord("STARTED", job, bid, tid, attempt, inputs, started_at_ms=t + attempt))
+                recs.append(LedgerRecord(kind="STARTED", job=job, batch_id=bid, txn_id=tid, attempt=attempt,
+                                         inputs=inputs, started_at_ms=t + attempt))
                 if kind == "open":
                     continue
                 ok = kind == "commit" or (kind == "retry" and attempt == 2)
-                recs.append(LedgerRecord("COMMITTED" if ok else "ABORTED", job, bid, tid, attempt, inputs,
-                                         {"out": len(inputs["in"])} if ok else {}, started_at_ms=t + attempt,
+                recs.append(LedgerRecord(kind="COMMITTED" if ok else "ABORTED", job=job, batch_id=bid, txn_id=tid,
+                                         attempt=attempt, inputs=inputs,
+                                         outputs={"out": len(inputs["in"])} if ok else {}, started_at_ms=t + attempt,
                                          ended_at_ms=t + attempt + dur, error=None if ok else "boom"))
             if kind == "park":
                 txn += 1
-                recs.append(LedgerRecord("PARKED", job, bid, f"(0,{txn})", 2, inputs, {"in-parked": 1},
-                                         started_at_ms=t + 3, ended_at_ms=t + 9, error="bad", parked_topic="in-parked"))
+                recs.append(LedgerRecord(kind="PARKED", job=job, batch_id=bid, txn_id=f"(0,{txn})", attempt=2,
+                                         inputs=inputs, outputs={"in-parked": 1}, started_at_ms=t + 3,
+                                         ended_at_ms=t + 9, error="bad", parked_topic="in-parked"))
                 if i % 2:
                     txn += 1
-                    recs.append(LedgerRecord("REPLAYED", job, bid, f"(1,{txn})", 3, inputs, {"out": 1},
-                                             started_at_ms=t + 20, ended_at_ms=t + 26))
+                    recs.append(LedgerRecord(kind="REPLAYED", job=job, batch_id=bid, txn_id=f"(1,{txn})", attempt=3,
+                                             inputs=inputs, outputs={"out": 1}, started_at_ms=t + 20,
+                                             ended_at_ms=t + 26))
     return recs
 
 

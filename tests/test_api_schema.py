@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import txn
-from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
+from txn.localbroker import create_namespace
 
 from api_server import TOKEN, ApiServer
 
@@ -29,13 +29,15 @@ def write_ledger(broker: Any, ledger: str) -> int:
     p = c.create_producer(ledger)
     recs = []
     for i in range(5):
-        recs += [LedgerRecord("STARTED", "schema-job", f"b{i}", f"(0,{100 + i})", 1, {"in": [f"(1,{i},-1,-1)"]},
-                              started_at_ms=1_700_000_000_000 + i),
-                 LedgerRecord("COMMITTED" if i != 3 else "ABORTED", "schema-job", f"b{i}", f"(0,{100 + i})", 1,
-                              {"in": [f"(1,{i},-1,-1)"]}, {"out": 1}, started_at_ms=1_700_000_000_000 + i,
-                              ended_at_ms=1_700_000_000_050 + i, error="boom" if i == 3 else None)]
-    recs.append(LedgerRecord("PARKED", "schema-job", "b3", "(1,7)", 2, {"in": ["(1,3,-1,-1)"]}, {"in-parked": 1},
-                             started_at_ms=1_700_000_000_100, ended_at_ms=1_700_000_000_120, error="boom",
+        recs += [LedgerRecord(kind="STARTED", job="schema-job", batch_id=f"b{i}", txn_id=f"(0,{100 + i})", attempt=1,
+                              inputs={"in": [f"(1,{i},-1,-1)"]}, started_at_ms=1_700_000_000_000 + i),
+                 LedgerRecord(kind="COMMITTED" if i != 3 else "ABORTED", job="schema-job", batch_id=f"b{i}",
+                              txn_id=f"(0,{100 + i})", attempt=1, inputs={"in": [f"(1,{i},-1,-1)"]}, outputs={"out": 1},
+                              started_at_ms=1_700_000_000_000 + i, ended_at_ms=1_700_000_000_050 + i,
+                              error="boom" if i == 3 else None)]
+    recs.append(LedgerRecord(kind="PARKED", job="schema-job", batch_id="b3", txn_id="(1,7)", attempt=2,
+                             inputs={"in": ["(1,3,-1,-1)"]}, outputs={"in-parked": 1}, started_at_ms=1_700_000_000_100,
+                             ended_at_ms=1_700_000_000_120, error="boom",
                              parked_topic="persistent://public/default/in-parked"))
     for r in recs:
         p.send(r.to_json(), partition_key=r.batch_id)

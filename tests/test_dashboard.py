@@ -37,9 +37,9 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 import txn
-from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
-from txn_shell.examples.handlers import POISON_FLAG_ENV
+from txn.examples.handlers import POISON_FLAG_ENV
+from txn.localbroker import create_namespace
 
 from api_server import TOKEN, ApiServer
 from peer import read_until_sentinel
@@ -47,7 +47,7 @@ from peer import read_until_sentinel
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
-HANDLER = "txn_shell.examples.handlers:poison_while_flagged"
+HANDLER = "txn.examples.handlers:poison_while_flagged"
 FLAG_ENV = POISON_FLAG_ENV
 N = 24
 POISON_AT = 10
@@ -140,7 +140,7 @@ def test_dashboard_shows_the_ledger_and_replays_a_parked_batch(broker: Any, tmp_
             producer.send(payload(i))
         producer.close()
         r = subprocess.run(
-            [sys.executable, "-m", "txn_shell.cli", "process", "--service-url", broker.service_url, "--input", inp,
+            [sys.executable, "-m", "txn.cli", "process", "--service-url", broker.service_url, "--input", inp,
              "--output", out, "--subscription", "dash", "--handler", HANDLER, "--job", job,
              "--batch-max-messages", "6", "--batch-max-delay-ms", "200", "--max-attempts", "2",
              "--exit-when-idle-ms", "3000"],
@@ -340,7 +340,8 @@ def test_dashboard_aborts_an_open_transaction(broker: Any, tmp_path: Path) -> No
         ours.create_producer(topic).send(b"never visible", txn=t)
         tid = str(t.id)
         # Its STARTED record, as the processor writes one, so the ledger (and the open table) show it.
-        rec = LedgerRecord("STARTED", "dash/abort", "dash/abort:x:1", tid, 1, {}, started_at_ms=now_ms())
+        rec = LedgerRecord(kind="STARTED", job="dash/abort", batch_id="dash/abort:x:1", txn_id=tid, attempt=1,
+                           inputs={}, started_at_ms=now_ms())
         ours.create_producer(ledger).send(rec.to_json(), partition_key=rec.batch_id)
         api = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
                         extra_env={"PULSAR_TXN_RESOLVE_AFTER_MS": "1000"}).start(timeout=120)
@@ -451,7 +452,8 @@ def test_dashboard_lists_quarantined_ledger_messages(broker: Any, tmp_path: Path
     ns = f"public/dash-{uuid.uuid4().hex[:8]}"
     create_namespace(broker.admin_url, ns)
     ledger = default_ledger_topic(f"persistent://{ns}/out")
-    ok = LedgerRecord("STARTED", "dash/q", "dash/q:1", "(0,1)", 1, {}, started_at_ms=now_ms())
+    ok = LedgerRecord(kind="STARTED", job="dash/q", batch_id="dash/q:1", txn_id="(0,1)", attempt=1, inputs={},
+                      started_at_ms=now_ms())
     bad_job = json.dumps({**json.loads(ok.to_json()), "job": ["<b>list</b>"]}).encode()
     markup = b"<img src=x onerror=alert(1)> not a record"
     ours = txn.Client(broker.service_url)

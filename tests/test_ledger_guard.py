@@ -17,12 +17,13 @@ import pulsar
 import pytest
 
 import txn
-from txn.admin import admin_request, create_partitioned_topic
+from txn.admin import admin_request
 from txn.delivery.ledger import LedgerRecord
 from txn.delivery.ledger_guard import CommittedInputs, LedgerGuard
 from txn.delivery.output import Output
 from txn.delivery.processor import AsyncProcessor, ProcessorConfig
 from txn.delivery.replay import read_ledger
+from txn.localbroker import create_partitioned_topic
 
 N = 60
 
@@ -168,12 +169,17 @@ def test_guard_ignores_other_jobs_and_uncommitted_records(broker, unique_name):
     ledger = f"persistent://public/default/{unique_name('ledger')}"
     inp = "persistent://public/default/in"
     recs = [
-        LedgerRecord("COMMITTED", "mine", "b1", "(0,1)", 1, {inp: ["(5,1,-1,-1)"]}),
-        LedgerRecord("STARTED", "mine", "b2", "(0,2)", 1, {inp: ["(5,2,-1,-1)"]}),
-        LedgerRecord("ABORTED", "mine", "b3", "(0,3)", 1, {inp: ["(5,3,-1,-1)"]}),
-        LedgerRecord("COMMITTED", "other", "b4", "(0,4)", 1, {inp: ["(5,4,-1,-1)"]}),
-        LedgerRecord("COMMITTED", "mine", "b5", "(0,5)", 1, {"persistent://public/default/elsewhere": ["(5,5,-1,-1)"]}),
-        LedgerRecord("PARKED", "mine", "b6", "(0,6)", 1, {inp: ["(5,6,-1,3)"]}),
+        LedgerRecord(kind="COMMITTED", job="mine", batch_id="b1", txn_id="(0,1)", attempt=1,
+                     inputs={inp: ["(5,1,-1,-1)"]}),
+        LedgerRecord(kind="STARTED", job="mine", batch_id="b2", txn_id="(0,2)", attempt=1,
+                     inputs={inp: ["(5,2,-1,-1)"]}),
+        LedgerRecord(kind="ABORTED", job="mine", batch_id="b3", txn_id="(0,3)", attempt=1,
+                     inputs={inp: ["(5,3,-1,-1)"]}),
+        LedgerRecord(kind="COMMITTED", job="other", batch_id="b4", txn_id="(0,4)", attempt=1,
+                     inputs={inp: ["(5,4,-1,-1)"]}),
+        LedgerRecord(kind="COMMITTED", job="mine", batch_id="b5", txn_id="(0,5)", attempt=1,
+                     inputs={"persistent://public/default/elsewhere": ["(5,5,-1,-1)"]}),
+        LedgerRecord(kind="PARKED", job="mine", batch_id="b6", txn_id="(0,6)", attempt=1, inputs={inp: ["(5,6,-1,3)"]}),
     ]
 
     async def main() -> tuple[int, set[int]]:

@@ -170,8 +170,8 @@ def test_multi_topic_outputs_commit_together(broker, official, unique_name):
 
 
 def test_ledger_record_round_trip():
-    rec = LedgerRecord("COMMITTED", "j", "j:1:1", "(0,5)", 2, {"t": ["(1,2,-1,-1)"]}, {"o": 3},
-                       started_at_ms=100, ended_at_ms=150)
+    rec = LedgerRecord(kind="COMMITTED", job="j", batch_id="j:1:1", txn_id="(0,5)", attempt=2,
+                       inputs={"t": ["(1,2,-1,-1)"]}, outputs={"o": 3}, started_at_ms=100, ended_at_ms=150)
     back = LedgerRecord.from_json(rec.to_json())
     assert back == rec and back.duration_ms == 50
     import json
@@ -180,7 +180,7 @@ def test_ledger_record_round_trip():
     with pytest.raises(ValueError):
         LedgerRecord.from_json(b'{"schema":"other/9"}')
     with pytest.raises(ValueError):
-        LedgerRecord("BOGUS", "j", "b")
+        LedgerRecord(kind="BOGUS", job="j", batch_id="b")
 
 
 def test_a_batch_never_holds_one_message_twice(broker, official, unique_name):

@@ -11,6 +11,12 @@ Every batch a processor handles leaves records here:
 
 The topic is the source of truth; the control plane projects it into SQL. Records are keyed
 by batch id (the message key), so a compacted view keeps the last record of each batch.
+
+The contract in types: :class:`Kind` names the kinds, :mod:`txn.delivery.batch_ids` builds and
+parses every batch id form, :class:`RecordConfig` types what travels in ``config``, and
+:class:`LedgerRecord` is built with keywords only. The JSON of a record is what it always was:
+the kind is its name as a string, ``config`` the same object (see :class:`RecordConfig` for
+unknown keys), so ledger topics written by earlier versions parse unchanged.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
 from typing import Any
 
 from ..topic import parse_topic
@@ -26,7 +34,22 @@ from ..topic import parse_topic
 SCHEMA = "pulsar-txn.ledger/1"
 #: A durable subscription that never acknowledges, so the broker keeps every ledger record.
 RETENTION_SUBSCRIPTION = "pulsar-txn-retention"
-KINDS = ("STARTED", "COMMITTED", "ABORTED", "PARKED", "REPLAYED")
+
+
+class Kind(StrEnum):
+    """The kind of a ledger record; a ``str`` whose value is what the JSON holds (``"COMMITTED"``...)."""
+
+    STARTED = "STARTED"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+    PARKED = "PARKED"
+    REPLAYED = "REPLAYED"
+
+
+KINDS = tuple(k.value for k in Kind)
+#: Kinds written inside the transaction whose outcome they record: such a record exists exactly
+#: when its transaction committed (its inputs are acknowledged in it).
+COMMITTING_KINDS = frozenset((Kind.COMMITTED, Kind.PARKED, Kind.REPLAYED))
 LEDGER_TOPIC_NAME = "pulsar-txn-ledger"
 
 
@@ -109,6 +132,11 @@ def _int(name: str, value: Any, lo: int, hi: int, *, optional: bool = False) -> 
         raise LedgerSchemaError(f"field {name!r} must be an integer in {lo}..{hi}, got one out of range")
 
 
+def _check_config(config: Any) -> None:
+    if not isinstance(config, dict) or len(config) > MAX_CONFIG_KEYS:
+        raise _fail("config", f"an object of at most {MAX_CONFIG_KEYS} keys", config)
+
+
 def validate(rec: LedgerRecord) -> None:
     """Check every field's type and bounds; raises :class:`LedgerSchemaError`."""
     if rec.kind not in KINDS:
@@ -143,20 +171,162 @@ def validate(rec: LedgerRecord) -> None:
     for topic, n in rec.outputs.items():
         _text("outputs (topic)", topic, MAX_TOPIC)
         _int("outputs (count)", n, 0, MAX_INT)
-    if not isinstance(rec.config, dict) or len(rec.config) > MAX_CONFIG_KEYS:
-        raise _fail("config", f"an object of at most {MAX_CONFIG_KEYS} keys", rec.config)
+    _check_config(rec.config.to_dict() if isinstance(rec.config, RecordConfig) else rec.config)
     if rec.schema != SCHEMA:
         raise LedgerSchemaError(f"not a {SCHEMA} record")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordConfig:
+    """What a record says about the code and topics behind it (the JSON ``config`` object), typed.
+
+    Informative only: nothing runs or routes by it (invariant 7: a replay takes the code and the
+    topics from its caller). Writers set the fields that apply to them:
+
+    - the processor: ``handler``, ``output``, ``inputs``, ``subscription``, ``parking_suffix``,
+      ``ledger_topic``; the Spark runtime also ``runtime`` (``"spark"``) and ``transform``;
+    - a replay: ``handler`` (the handler's name) or ``transform``;
+    - the Spark sink: ``sink``, ``topic``, ``ledger_topic``, ``tasks``, ``rows``,
+      ``duplicates_dropped``, ``deterministic_order``, ``batch_max_rows``, ``task_attempts``,
+      ``write_id``; a micro-batch also ``stream_key``, ``query_id`` and ``spark_batch_id``.
+
+    JSON: a field that is None is left out, unless it is named in ``nulls`` (then it is written
+    as ``null``: :meth:`of` does that for every None it is given, as writers always did). Keys
+    this version does not know, and known keys whose value has another type than the field's,
+    are **preserved**: they stay in ``extra`` as they came (the typed field then reads None) and
+    are written back unchanged. So ``from_dict(d).to_dict() == d`` for any JSON object ``d``,
+    and a record re-serialised by this version (the control plane stores what it projects) keeps
+    what a newer writer put there.
+
+    For code written against the plain dict, ``config["rows"]``, ``config.get(...)``, ``in`` and
+    ``len`` read the JSON object.
+    """
+
+    handler: str | None = None
+    transform: str | None = None
+    runtime: str | None = None
+    output: str | None = None
+    inputs: tuple[str, ...] | None = None
+    subscription: str | None = None
+    parking_suffix: str | None = None
+    ledger_topic: str | None = None
+    sink: str | None = None
+    topic: str | None = None
+    write_id: str | None = None
+    stream_key: str | None = None
+    query_id: str | None = None
+    spark_batch_id: int | None = None
+    tasks: int | None = None
+    rows: int | None = None
+    duplicates_dropped: int | None = None
+    deterministic_order: bool | None = None
+    batch_max_rows: int | None = None
+    task_attempts: Mapping[str, int] | None = None
+    #: Unknown keys (and known keys holding another type), as they came.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Known keys written as JSON ``null``.
+    nulls: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, **values: Any) -> RecordConfig:
+        """A config from typed fields where a None is written as ``null`` (not left out), as the
+        writers of earlier versions wrote it; lists are accepted for ``inputs``."""
+        return cls(**_typed(values), nulls=frozenset(k for k, v in values.items() if v is None))
+
+    def updated(self, **values: Any) -> RecordConfig:
+        """A copy with ``values`` set (a None written as ``null``, as with :meth:`of`)."""
+        return replace(self, **_typed(values),
+                       nulls=self.nulls | frozenset(k for k, v in values.items() if v is None))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RecordConfig:
+        """The typed view of a JSON ``config`` object (never fails: see the class docs)."""
+        known: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        nulls = set()
+        for k, v in d.items():
+            kind = _CONFIG_TYPES.get(k) if isinstance(k, str) else None
+            if kind is None:
+                extra[k] = v
+            elif v is None:
+                nulls.add(k)
+            elif (kind == "str" and isinstance(v, str)) or (kind == "bool" and type(v) is bool) \
+                    or (kind == "int" and type(v) is int):
+                known[k] = v
+            elif kind == "strs" and isinstance(v, list) and all(isinstance(x, str) for x in v):
+                known[k] = tuple(v)
+            elif kind == "counts" and isinstance(v, dict) and all(
+                    isinstance(a, str) and type(b) is int for a, b in v.items()):
+                known[k] = dict(v)
+            else:
+                extra[k] = v
+        return cls(**known, extra=extra, nulls=frozenset(nulls))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (see the class docs for what is left out)."""
+        d: dict[str, Any] = {}
+        for name, kind in _CONFIG_TYPES.items():
+            v = getattr(self, name)
+            if v is None:
+                if name in self.nulls:
+                    d[name] = None
+            elif kind == "strs":
+                d[name] = list(v)
+            elif kind == "counts":
+                d[name] = dict(v)
+            else:
+                d[name] = v
+        for k, v in self.extra.items():
+            d.setdefault(k, v)
+        return d
+
+    # Read access by JSON key, for code written against the dict.
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The JSON object's value of ``key``, or ``default``."""
+        return self.to_dict().get(key, default)
+
+    def keys(self) -> Any:
+        """The JSON object's keys."""
+        return self.to_dict().keys()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(values) - set(_CONFIG_TYPES))
+    if unknown:
+        raise TypeError(f"RecordConfig has no field(s) {unknown}; put other keys in extra")
+    return {k: tuple(v) if _CONFIG_TYPES[k] == "strs" and v is not None else
+            dict(v) if _CONFIG_TYPES[k] == "counts" and v is not None else v for k, v in values.items()}
+
+
+#: RecordConfig's typed fields: name -> "str" | "int" | "bool" | "strs" (a list of strings) | "counts".
+_CONFIG_TYPES: dict[str, str] = {
+    f.name: {"str | None": "str", "int | None": "int", "bool | None": "bool", "tuple[str, ...] | None": "strs",
+             "Mapping[str, int] | None": "counts"}[str(f.type)]
+    for f in fields(RecordConfig) if f.name not in ("extra", "nulls")
+}
+
+
+@dataclass(slots=True, kw_only=True)
 class LedgerRecord:
-    """One ledger record (schema ``pulsar-txn.ledger/1``).
+    """One ledger record (schema ``pulsar-txn.ledger/1``), built with keywords only.
 
-    The constructor checks the kind only (writers build records freely); :meth:`from_json`
-    checks every field (:func:`validate`), as does :meth:`validate`."""
+    The constructor checks the kind only (writers build records freely), and takes a kind's
+    name as well as a :class:`Kind` and a plain dict for ``config`` (both converted);
+    :meth:`from_json` checks every field (:func:`validate`), as does :meth:`validate`."""
 
-    kind: str
+    kind: Kind
     job: str
     batch_id: str
     txn_id: str | None = None
@@ -168,15 +338,19 @@ class LedgerRecord:
     error: str | None = None
     parked_topic: str | None = None
     replay_of: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
+    config: RecordConfig = field(default_factory=RecordConfig)
     schema: str = SCHEMA
     #: Inputs acknowledged in this transaction without output because the ledger already showed
     #: them committed (acknowledgements the broker lost; see ``txn.delivery.ledger_guard``).
     duplicates: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise LedgerSchemaError(f"unknown ledger record kind {str(self.kind)[:16]!r}")
+        if not isinstance(self.kind, Kind):
+            if not isinstance(self.kind, str) or self.kind not in KINDS:
+                raise LedgerSchemaError(f"unknown ledger record kind {str(self.kind)[:16]!r}")
+            self.kind = Kind(self.kind)
+        if isinstance(self.config, Mapping) and not isinstance(self.config, RecordConfig):
+            self.config = RecordConfig.from_dict(self.config)
 
     @property
     def duration_ms(self) -> int | None:
@@ -191,6 +365,9 @@ class LedgerRecord:
     def to_json(self) -> bytes:
         """Serialise (compact JSON, keys sorted); an error longer than ``MAX_ERROR`` is cut there."""
         d = {name: getattr(self, name) for name in _FIELDS}
+        d["kind"] = str(self.kind)
+        if isinstance(self.config, RecordConfig):
+            d["config"] = self.config.to_dict()
         if isinstance(self.error, str) and len(self.error) > MAX_ERROR:
             d["error"] = self.error[:MAX_ERROR - len(_TRUNCATED)] + _TRUNCATED
         d["duration_ms"] = self.duration_ms
@@ -214,6 +391,9 @@ class LedgerRecord:
         d.pop("duration_ms", None)
         if not isinstance(d.get("kind"), str) or d["kind"] not in KINDS:
             raise LedgerSchemaError(f"field 'kind' must be one of {', '.join(KINDS)}")
+        if "config" in d:
+            _check_config(d["config"])
+            d["config"] = RecordConfig.from_dict(d["config"])
         try:
             rec = cls(**{k: v for k, v in d.items() if k in _FIELDS})
         except TypeError:

@@ -52,8 +52,9 @@ from ..message import Message
 from ..producer import AsyncProducer
 from ..topic import parse_topic
 from ..transaction import AsyncTransaction
+from .batch_ids import narrowed_batch_id, processor_batch_id
 from .batching import EntryBoundaries
-from .ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms
+from .ledger import Kind, LedgerRecord, RecordConfig, default_ledger_topic, ensure_ledger_retained, now_ms
 from .ledger_guard import LedgerGuard
 from .ordering import OrderingGuard
 from .output import Output, handler_spec, is_async, normalise
@@ -381,7 +382,7 @@ class AsyncProcessor:
 
     def _new_batch_id(self) -> str:
         self._seq += 1
-        return f"{self.config.job}:{self.instance}:{self._seq}"
+        return processor_batch_id(self.config.job, self.instance, self._seq)
 
     # ------------------------------------------------------------------- batches
 
@@ -416,8 +417,8 @@ class AsyncProcessor:
                     half = len(msgs) // 2
                     log.warning("batch %s failed %d times (%s); narrowing %d messages", batch_id, attempt,
                                 failure, len(msgs))
-                    await self._process(msgs[:half], f"{batch_id}.0", root)
-                    await self._process(msgs[half:], f"{batch_id}.1", root)
+                    await self._process(msgs[:half], narrowed_batch_id(batch_id, 0), root)
+                    await self._process(msgs[half:], narrowed_batch_id(batch_id, 1), root)
                     return
                 await self._park(msgs[0], failure, attempt, root)
                 return
@@ -434,8 +435,8 @@ class AsyncProcessor:
             return False
         c = self.config
         timeout_ms = c.guard_sync_timeout_ms or max(3 * c.txn_timeout_ms, 120_000)
-        rec = LedgerRecord("STARTED", c.job, batch_id, None, attempt, _ids(msgs), started_at_ms=started,
-                           config=self._record_config())
+        rec = LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=None, attempt=attempt,
+                           inputs=_ids(msgs), started_at_ms=started, config=self._record_config())
         try:
             await guard.ensure_running()
             mid = await self._ledger.send(rec.to_json(), partition_key=batch_id)
@@ -459,9 +460,8 @@ class AsyncProcessor:
         duplicates = _ids(dups) if dups else {}
         if not wrote_started:
             self._record_nowait(
-                LedgerRecord("STARTED", c.job, batch_id, str(t.id), attempt, _ids(msgs) if dups else inputs,
-                             started_at_ms=started,
-                             config=self._record_config())
+                LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                             inputs=_ids(msgs) if dups else inputs, started_at_ms=started, config=self._record_config())
             )
         try:
             # Register what the batch will surely touch in two requests, while it is transformed.
@@ -555,8 +555,9 @@ class AsyncProcessor:
         try:
             assert self._consumer is not None and self._ledger is not None
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
-            rec = LedgerRecord("COMMITTED", c.job, batch_id, str(t.id), attempt, inputs, counts,
-                               started_at_ms=started, ended_at_ms=now_ms(), duplicates=duplicates)
+            rec = LedgerRecord(kind=Kind.COMMITTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                               inputs=inputs, outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
+                               duplicates=duplicates)
             receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
             self._ledger.flush_now()
             record_id = await receipt
@@ -609,8 +610,8 @@ class AsyncProcessor:
             except PulsarError as exc:
                 log.warning("abort of %s failed (the broker's timeout aborts it): %s", t.id, exc)
         await self._record(
-            LedgerRecord("ABORTED", self.config.job, batch_id, str(t.id), attempt, inputs,
-                         started_at_ms=started, ended_at_ms=now_ms(), error=_err(error))
+            LedgerRecord(kind=Kind.ABORTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                         inputs=inputs, started_at_ms=started, ended_at_ms=now_ms(), error=_err(error))
         )
 
     async def _park(self, m: Message, failure: BatchFailed, attempts: int, batch_id: str) -> None:
@@ -637,11 +638,10 @@ class AsyncProcessor:
                 await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
                                    event_timestamp=m.event_timestamp() or None, txn=t)
                 await self._consumer.acknowledge_many([m], t)
-                rec = LedgerRecord(
-                    "PARKED", c.job, batch_id, str(t.id), attempts, {m.topic_name(): [str(m.message_id())]},
-                    {parked_topic: 1}, started_at_ms=started, ended_at_ms=now_ms(), error=_err(failure.cause),
-                    parked_topic=parked_topic, config=self._record_config(),
-                )
+                rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempts,
+                                   inputs={m.topic_name(): [str(m.message_id())]}, outputs={parked_topic: 1},
+                                   started_at_ms=started, ended_at_ms=now_ms(), error=_err(failure.cause),
+                                   parked_topic=parked_topic, config=self._record_config())
                 await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
                 await t.commit()
                 if self.guard is not None:
@@ -683,9 +683,10 @@ class AsyncProcessor:
             p = await self._producer(parked_topic)
             sent = await p.send_async(b"", properties=props, txn=t)
             await self._consumer.acknowledge(mid, t)
-            rec = LedgerRecord("PARKED", c.job, batch_id, str(t.id), 0, {topic: [str(mid)]}, {parked_topic: 1},
-                               started_at_ms=started, ended_at_ms=now_ms(), error=_err(exc),
-                               parked_topic=parked_topic, config=self._record_config())
+            rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=0,
+                               inputs={topic: [str(mid)]}, outputs={parked_topic: 1}, started_at_ms=started,
+                               ended_at_ms=now_ms(), error=_err(exc), parked_topic=parked_topic,
+                               config=self._record_config())
             receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
             p.flush_now()
             self._ledger.flush_now()
@@ -727,16 +728,11 @@ class AsyncProcessor:
         ps = list(self._producers.values()) + ([self._ledger] if self._ledger else [])
         return sum(p.reconnect_count() for p in ps)
 
-    def _record_config(self) -> dict[str, Any]:
+    def _record_config(self) -> RecordConfig:
         c = self.config
-        return {
-            "handler": c.handler_spec,
-            "output": self.output,
-            "inputs": self.inputs,
-            "subscription": c.subscription,
-            "parking_suffix": c.parking_suffix,
-            "ledger_topic": self.ledger_topic,
-        }
+        return RecordConfig.of(handler=c.handler_spec, output=self.output, inputs=self.inputs,
+                               subscription=c.subscription, parking_suffix=c.parking_suffix,
+                               ledger_topic=self.ledger_topic)
 
 
 async def _discard_txn(t: AsyncTransaction) -> None:

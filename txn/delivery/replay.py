@@ -11,22 +11,29 @@ serves others (the control plane) also passes what the job may touch: ``job``, `
 and ``allowed_outputs`` are checked before anything is written. Any failure of the caller's
 code, ``BaseException`` included (``SystemExit``, ``KeyboardInterrupt``), is a
 :class:`ReplayError`: it fails the replay, never the process.
+
+Finding the batch's records (see :mod:`txn.delivery.ledger_reader`): a caller that keeps an
+index of the ledger (the control plane) passes the batch's ``records`` and the position
+``records_until`` up to which they are complete; the replay then reads only the ledger after that
+position. Without ``records`` it reads the ledger once from the start, parsing only the records
+keyed by this batch id (the CLI).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import AsyncClient
 from ..consumer import ConsumerType, InitialPosition
 from ..errors import PulsarError, Timeout
-from ..message import EARLIEST, Message
+from ..message import Message, MessageId
 from ..topic import parse_topic
-from .ledger import LedgerRecord, LedgerSchemaError, now_ms
+from .ledger import Kind, LedgerRecord, RecordConfig, now_ms
+from .ledger_reader import batch_records, read_records
 from .output import load_handler, normalise
 from .processor import PARK_BATCH, PARK_PROPS, PARK_SOURCE_TOPIC
 
@@ -64,22 +71,9 @@ class ReplayResult:
 
 
 async def read_ledger(client: AsyncClient, ledger_topic: str, idle_ms: int = 1500) -> list[LedgerRecord]:
-    """Every record in ``ledger_topic``, oldest first, up to its end as of now (read with a Reader)."""
-    reader = await client.create_reader(ledger_topic, EARLIEST)
-    out: list[LedgerRecord] = []
-    try:
-        while await reader.has_message_available():
-            try:
-                m = await reader.read_next(timeout_millis=max(idle_ms, 10000))
-            except Timeout:
-                break
-            try:
-                out.append(LedgerRecord.from_json(m.data()))
-            except LedgerSchemaError:
-                pass  # not ours (or a future schema): skip
-    finally:
-        await reader.close()
-    return out
+    """Every record in ``ledger_topic``, oldest first, up to its end as of now (read with a Reader;
+    messages that are not records of a schema we understand are skipped)."""
+    return await read_records(client, ledger_topic, idle_ms=idle_ms)
 
 
 async def replay_batch(
@@ -96,6 +90,8 @@ async def replay_batch(
     parked_topics: Collection[str] | None = None,
     allowed_outputs: Collection[str] | None = None,
     timeout_ms: int | None = None,
+    records: Sequence[LedgerRecord] | None = None,
+    records_until: MessageId | None = None,
 ) -> ReplayResult:
     """Replay the parked messages of ``batch_id`` exactly once (see the module docs).
 
@@ -104,20 +100,29 @@ async def replay_batch(
     ``parked_topics``: its parked messages must be on these; ``allowed_outputs``: its outputs may go
     only there (each a :class:`ReplayError` otherwise, before anything is written). ``txn_timeout_ms``
     bounds the wait for the parked messages and is the transaction's timeout; ``timeout_ms``, its
-    earlier name, is still accepted and wins when given."""
+    earlier name, is still accepted and wins when given.
+
+    ``records``: the batch's records as far as the caller knows them, complete up to ledger
+    position ``records_until`` (the ledger is read only after it; without ``records_until`` they
+    are taken as complete). Without ``records`` the ledger is read from the start."""
     if timeout_ms is not None:
         txn_timeout_ms = timeout_ms
     if handler is None and transform is None:
         raise ReplayError(f"batch {batch_id}: no handler given (a replay runs only the code its caller names, "
                           "never code named by a ledger record)")
-    records = [r for r in await read_ledger(client, ledger_topic, idle_ms) if r.batch_id == batch_id]
+    if records is None:
+        records = await batch_records(client, ledger_topic, batch_id, idle_ms=idle_ms)
+    else:
+        records = [r for r in records if r.batch_id == batch_id]
+        if records_until is not None:
+            records += await batch_records(client, ledger_topic, batch_id, after=records_until, idle_ms=idle_ms)
     if not records:
         raise ReplayError(f"batch {batch_id!r} is not in the ledger {ledger_topic}")
-    done = [r for r in records if r.kind == "REPLAYED"]
+    done = [r for r in records if r.kind == Kind.REPLAYED]
     if done:
         return ReplayResult(batch_id, False, f"batch {batch_id} was already replayed in transaction {done[0].txn_id}; "
                             "nothing to do", done[0].txn_id)
-    parked = [r for r in records if r.kind == "PARKED"]
+    parked = [r for r in records if r.kind == Kind.PARKED]
     if not parked:
         kinds = ",".join(sorted({r.kind for r in records}))
         raise ReplayError(f"batch {batch_id} has no parked messages (its records: {kinds}); aborted inputs go back "
@@ -183,10 +188,11 @@ async def replay_batch(
             inputs: dict[str, list[str]] = {}
             for m in msgs:
                 inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
-            rec = LedgerRecord("REPLAYED", parked[-1].job, batch_id, str(t.id), 1, inputs, counts,
-                               started_at_ms=started, ended_at_ms=now_ms(), replay_of=batch_id,
-                               config={"handler" if transform is None else "transform":
-                                       transform or getattr(handler, "__qualname__", "?")})
+            rec = LedgerRecord(kind=Kind.REPLAYED, job=parked[-1].job, batch_id=batch_id, txn_id=str(t.id), attempt=1,
+                               inputs=inputs, outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
+                               replay_of=batch_id,
+                               config=RecordConfig(transform=transform) if transform is not None else
+                               RecordConfig(handler=getattr(handler, "__qualname__", "?")))
             ledger = await client.create_producer(ledger_topic)
             await ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
             await t.commit()
