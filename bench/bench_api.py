@@ -10,7 +10,7 @@ Run from the repository root::
 
 Steps:
 
-1. start a throw-away :class:`txn.localbroker.LocalBroker` (or use ``--service-url``/``--admin-url``);
+1. start a throw-away :class:`txn_shell.localbroker.LocalBroker` (or use ``--service-url``/``--admin-url``);
 2. write a synthetic ledger into a fresh namespace: 3 jobs, 1000 batches each (``--batches``),
    mostly STARTED+COMMITTED, some retried, aborted or parked, the newest few still open,
    spread over the last 10 minutes;
@@ -56,9 +56,10 @@ for _p in (ROOT, ROOT / "bench"):
 
 import httpx  # noqa: E402
 
+from txn.admin import create_namespace  # noqa: E402
 from txn.client import AsyncClient  # noqa: E402
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, ensure_ledger_retained, now_ms  # noqa: E402
-from txn.localbroker import LocalBroker, create_namespace, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 from loadgen import Check, LoadResult, Req, run_load, summarize  # noqa: E402
 from machine import machine_load  # noqa: E402

@@ -34,7 +34,7 @@ import pulsar  # noqa: E402
 import txn  # noqa: E402
 from txn.delivery.ledger import LedgerRecord  # noqa: E402
 from txn.delivery.ledger_guard import LedgerGuard  # noqa: E402
-from txn.localbroker import LocalBroker, free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 INPUT = "persistent://public/default/bench-guard-in"
 

@@ -5,7 +5,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_spark.py [--rows 200000] [--runs 3] [--quick]
 
-By default a throw-away :class:`txn.localbroker.LocalBroker` (temp data dir, free ports) is
+By default a throw-away :class:`txn_shell.localbroker.LocalBroker` (temp data dir, free ports) is
 started and stopped at the end; pass ``--service-url``/``--admin-url`` to use a running broker
 instead (it needs transactions enabled; the script creates a namespace with deduplication on).
 Spark runs in this process, ``--master local[2]`` by default.
@@ -75,16 +75,10 @@ from spark_jobs.runtime import SparkProcessor  # noqa: E402
 from spark_jobs.sink import PulsarTxnDataSource  # noqa: E402
 from spark_jobs.sink_runtime import commit_transaction, open_transaction, run, write_ledger  # noqa: E402
 from txn import AsyncClient, Message  # noqa: E402
+from txn.admin import admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup  # noqa: E402
 from txn.delivery.ledger import LedgerRecord  # noqa: E402
 from txn.delivery.processor import ProcessorConfig  # noqa: E402
-from txn.localbroker import (  # noqa: E402
-    LocalBroker,
-    admin_request,
-    create_namespace,
-    create_partitioned_topic,
-    enable_namespace_dedup,
-    free_port,
-)
+from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 from machine import machine_load  # noqa: E402
 from official import count_topic, official_client  # noqa: E402

@@ -25,13 +25,13 @@ import pulsar
 import pytest
 
 import txn
-from txn import cli
+from txn.admin import create_namespace
 from txn.client import AsyncClient
 from txn.delivery import Processor
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
 from txn.delivery.replay import read_ledger
-from txn.examples.handlers import POISON_FLAG_ENV, poison_while_flagged
-from txn.localbroker import create_namespace
+from txn_shell import cli
+from txn_shell.examples.handlers import POISON_FLAG_ENV, poison_while_flagged
 
 from api_server import TOKEN, ApiServer
 from peer import read_until_sentinel
@@ -94,7 +94,7 @@ class DataSet:
         self.stats = Processor(
             broker.service_url, self.inp, self.out, "s", poison_while_flagged, job=self.job,
             batch_max_messages=20, batch_max_delay_ms=50, max_attempts=2, progress=None,
-            handler_spec="txn.examples.handlers:poison_while_flagged",
+            handler_spec="txn_shell.examples.handlers:poison_while_flagged",
         ).run(idle_exit_ms=3000, install_signal_handlers=False)
         self.records = ledger_records(broker, self.ledger)
         kinds = Counter(r.kind for r in self.records)
@@ -120,7 +120,7 @@ def env(request: pytest.FixtureRequest, broker: Any, tmp_path_factory: pytest.Te
         url = f"sqlite:///{d}/api.db"
     else:
         url = request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1)
-    jobs = {data.job: {"handler": "txn.examples.handlers:poison_while_flagged", "output": data.out,
+    jobs = {data.job: {"handler": "txn_shell.examples.handlers:poison_while_flagged", "output": data.out,
                        "parked_topics": [f"{data.inp}-parked"]}}
     server = ApiServer(broker, url, d / "api.log", ledger_topics=[data.ledger], jobs=jobs,
                        extra_env={POISON_FLAG_ENV: str(data.flag)}).start()
@@ -380,7 +380,7 @@ def test_batch_ids_ending_in_the_replay_suffix(broker: Any, tmp_path: Path) -> N
             p.send(r.to_json(), partition_key=r.batch_id)
     finally:
         c.close()
-    jobs = {job: {"handler": "txn.examples.handlers:upper", "output": f"persistent://{ns}/out",
+    jobs = {job: {"handler": "txn_shell.examples.handlers:upper", "output": f"persistent://{ns}/out",
                   "parked_topics": [f"persistent://{ns}/in-parked"]}}
     server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
                        jobs=jobs).start()

@@ -29,10 +29,11 @@ import txn
 from coordinator_api import db
 from coordinator_api.db import make_engine
 from coordinator_api.projection import Entry, apply_chunk, load_position
+from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, default_ledger_topic, json_depth
 from txn.delivery.processor import PARK_BATCH, PARK_SOURCE_TOPIC
-from txn.localbroker import create_namespace, free_port
 from txn.message import MessageId
+from txn_shell.localbroker import free_port
 
 from api_server import ROOT, TOKEN, ApiServer
 from peer import read_until_sentinel
@@ -125,7 +126,7 @@ def test_a_planted_record_cannot_choose_the_code_or_the_topic(broker: Any, tmp_p
     park(broker, ledger, parked, "planted:1", "planted", b"x", evil)
     park(broker, ledger, f"persistent://{ns}/elsewhere-parked", "victim:2", "victim", b"y", evil)
     park(broker, ledger, parked, "victim:1", "victim", b"hello", evil)
-    jobs = {"victim": {"handler": "txn.examples.handlers:upper", "output": out, "parked_topics": [parked]}}
+    jobs = {"victim": {"handler": "txn_shell.examples.handlers:upper", "output": out, "parked_topics": [parked]}}
     server = ApiServer(broker, db_url, tmp_path / "api.log", ledger_topics=[ledger], jobs=jobs).start()
     try:
         wait_projected(server, ledger, 3)
@@ -420,7 +421,7 @@ def test_trusted_hosts(broker: Any, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSAR_TXN_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txn.cli", "api", "--port", str(port), "--service-url", broker.service_url,
+        [sys.executable, "-m", "txn_shell.cli", "api", "--port", str(port), "--service-url", broker.service_url,
          "--admin-url", broker.admin_url, "--database-url", f"sqlite:///{tmp_path}/cli.db", "--log-level", "warning"],
         cwd=ROOT, env={**env, "PULSAR_TXN_PROJECT": "false"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 
 import txn
 from coordinator_api import db
+from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
-from txn.localbroker import create_namespace
 
 from api_server import ApiServer
 

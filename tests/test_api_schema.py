@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import txn
+from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
-from txn.localbroker import create_namespace
 
 from api_server import TOKEN, ApiServer
 

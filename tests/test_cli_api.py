@@ -2,7 +2,7 @@
 
 One module-wide data set: two jobs processed by ``pulsar-txn process`` in a fresh namespace, each
 with a poison message, so each has one PARKED batch. ``poisonjob`` uses ``poison_aware`` (its replay
-fails again); ``flagjob`` uses ``txn.examples.handlers:poison_while_flagged``, which fails only while a flag
+fails again); ``flagjob`` uses ``txn_shell.examples.handlers:poison_while_flagged``, which fails only while a flag
 file exists, so its replay fails, then succeeds once the file is gone.
 """
 
@@ -27,10 +27,11 @@ import pulsar
 import pytest
 
 import txn
-from txn import cli
+from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, now_ms
-from txn.examples.handlers import POISON_FLAG_ENV as FLAG_ENV
-from txn.localbroker import create_namespace, free_port
+from txn_shell import cli
+from txn_shell.examples.handlers import POISON_FLAG_ENV as FLAG_ENV
+from txn_shell.localbroker import free_port
 
 from api_server import TOKEN, ApiServer
 from peer import read_n, read_until_sentinel
@@ -54,12 +55,12 @@ def _pythonpath() -> str:
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The console script in a child process (the real thing, but ~1 s of imports on a busy machine)."""
-    return subprocess.run([sys.executable, "-m", "txn.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "txn_shell.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env or _env())
 
 
 def _call(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``txn.cli.main(args)`` in this process, with stdout and stderr captured and ``env`` set (and no
+    """``txn_shell.cli.main(args)`` in this process, with stdout and stderr captured and ``env`` set (and no
     ``PULSAR_TXN_API_URL`` / ``PULSAR_TXN_API_TOKEN`` unless given): the same code path, without the start-up."""
     out, err = io.StringIO(), io.StringIO()
     saved = {k: os.environ.get(k) for k in ("PULSAR_TXN_API_URL", "PULSAR_TXN_API_TOKEN", *env)}
@@ -119,7 +120,7 @@ class World:
 def _process(broker: Any, job: str, inp: str, out: str, ledger: str, handler: str,
              env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "txn.cli", "process", "--service-url", broker.service_url, "--input", inp,
+        [sys.executable, "-m", "txn_shell.cli", "process", "--service-url", broker.service_url, "--input", inp,
          "--output", out, "--subscription", f"{job}-sub", "--handler", handler, "--job", job,
          "--ledger-topic", ledger, "--batch-max-messages", "20", "--batch-max-delay-ms", "300",
          "--max-attempts", "2", "--exit-when-idle-ms", "3000"],
@@ -159,8 +160,8 @@ def world(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     api = None
     try:
-        jobs = {POISON_JOB: (POISON_INPUT, "txn.examples.handlers:poison_aware"),
-                FLAG_JOB: (FLAG_INPUT, "txn.examples.handlers:poison_while_flagged")}
+        jobs = {POISON_JOB: (POISON_INPUT, "txn_shell.examples.handlers:poison_aware"),
+                FLAG_JOB: (FLAG_INPUT, "txn_shell.examples.handlers:poison_while_flagged")}
         procs = {}
         outputs = {}
         for job, (payloads, handler) in jobs.items():
@@ -252,7 +253,7 @@ def test_api_command_flags_override_the_environment(broker: Any, tmp_path: Path)
     env = _env(PULSAR_TXN_ADMIN_URL=f"http://127.0.0.1:{dead}", PULSAR_TXN_DATABASE_URL=f"sqlite:///{wrong_db}",
                PULSAR_TXN_SERVICE_URL="pulsar://127.0.0.1:9")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txn.cli", "api", "--port", str(port), "--service-url", broker.service_url,
+        [sys.executable, "-m", "txn_shell.cli", "api", "--port", str(port), "--service-url", broker.service_url,
          "--admin-url", broker.admin_url, "--database-url", f"sqlite:///{db}", "--ledger-topics", ledger,
          "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -37,9 +37,9 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 import txn
+from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic, now_ms
-from txn.examples.handlers import POISON_FLAG_ENV
-from txn.localbroker import create_namespace
+from txn_shell.examples.handlers import POISON_FLAG_ENV
 
 from api_server import TOKEN, ApiServer
 from peer import read_until_sentinel
@@ -47,7 +47,7 @@ from peer import read_until_sentinel
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
-HANDLER = "txn.examples.handlers:poison_while_flagged"
+HANDLER = "txn_shell.examples.handlers:poison_while_flagged"
 FLAG_ENV = POISON_FLAG_ENV
 N = 24
 POISON_AT = 10
@@ -140,7 +140,7 @@ def test_dashboard_shows_the_ledger_and_replays_a_parked_batch(broker: Any, tmp_
             producer.send(payload(i))
         producer.close()
         r = subprocess.run(
-            [sys.executable, "-m", "txn.cli", "process", "--service-url", broker.service_url, "--input", inp,
+            [sys.executable, "-m", "txn_shell.cli", "process", "--service-url", broker.service_url, "--input", inp,
              "--output", out, "--subscription", "dash", "--handler", HANDLER, "--job", job,
              "--batch-max-messages", "6", "--batch-max-delay-ms", "200", "--max-attempts", "2",
              "--exit-when-idle-ms", "3000"],

@@ -17,13 +17,12 @@ import pulsar
 import pytest
 
 import txn
-from txn.admin import admin_request
+from txn.admin import admin_request, create_partitioned_topic
 from txn.delivery.ledger import LedgerRecord
 from txn.delivery.ledger_guard import CommittedInputs, LedgerGuard
 from txn.delivery.output import Output
 from txn.delivery.processor import AsyncProcessor, ProcessorConfig
 from txn.delivery.replay import read_ledger
-from txn.localbroker import create_partitioned_topic
 
 N = 60
 
