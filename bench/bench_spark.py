@@ -76,6 +76,7 @@ from spark_jobs.sink import PulsarTxnDataSource  # noqa: E402
 from spark_jobs.sink_runtime import commit_transaction, open_transaction, run, write_ledger  # noqa: E402
 from txn import AsyncClient, Message  # noqa: E402
 from txn.admin import admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup  # noqa: E402
+from txn.delivery.batch_ids import parse_processor_batch_id  # noqa: E402
 from txn.delivery.ledger import LedgerRecord  # noqa: E402
 from txn.delivery.processor import ProcessorConfig  # noqa: E402
 from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
@@ -426,7 +427,7 @@ class TimedSparkProcessor(SparkProcessor):
         self.batch_ms.append((now - self.started.pop(batch_id)) * 1000)
         self.commit_ms.append(commit_ms)
         self.last_commit = now
-        progress(f"runtime:   batch {batch_id.rsplit(':', 1)[-1]}: {n:,} rows, {self.batch_ms[-1]:,.0f} ms "
+        progress(f"runtime:   batch {parse_processor_batch_id(batch_id).seq}: {n:,} rows, {self.batch_ms[-1]:,.0f} ms "
                  f"(transform {self.transform_ms[-1]:,.0f} ms, commit {commit_ms:,.0f} ms)")
 
 

@@ -11,12 +11,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from txn.delivery.ledger import KINDS
+
 from . import queries
 
 #: Commit-latency histogram bounds in seconds (ascending).
 LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 TXN_STATES = ("OPEN", "COMMITTED", "ABORTED")
-BATCH_STATUSES = ("STARTED", "COMMITTED", "ABORTED", "PARKED", "REPLAYED")
+BATCH_STATUSES = KINDS  # a batch's status is the kind of its deciding record
 REPLAY_STATUSES = ("accepted", "running", "succeeded", "noop", "failed")
 
 

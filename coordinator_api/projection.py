@@ -25,9 +25,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError, StatementError
 
 from txn.client import AsyncClient
-from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, now_ms
-from txn.errors import CorruptMessage, Timeout
-from txn.message import EARLIEST, Message, MessageId
+from txn.delivery.batch_ids import is_stream_next
+from txn.delivery.ledger import COMMITTING_KINDS, Kind, LedgerRecord, LedgerSchemaError, now_ms
+from txn.delivery.ledger_reader import LedgerEntry, LedgerReader
+from txn.delivery.ledger_reader import entry_of as entry_of  # re-exported (it lived here)
+from txn.message import EARLIEST, MessageId
 
 from . import db
 from .live import Live
@@ -35,8 +37,8 @@ from .sanitize import describe
 
 log = logging.getLogger("coordinator_api.projection")
 
-#: Record kinds whose transaction committed (the record is written inside it).
-COMMITTING_KINDS = ("COMMITTED", "PARKED", "REPLAYED")
+#: One ledger message as read (the shared reader's entry).
+Entry = LedgerEntry
 
 
 @dataclass(slots=True)
@@ -50,29 +52,6 @@ class TopicStatus:
     position: str | None = None
     last_applied_ms: int | None = None
     error: str | None = None
-
-
-@dataclass(slots=True)
-class Entry:
-    """One ledger message: its position, publish time and record (None if invalid, with ``reason``)."""
-
-    msg_id: MessageId
-    publish_ms: int
-    record: LedgerRecord | None
-    raw: bytes = b""
-    reason: str | None = None
-
-
-def entry_of(m: Message) -> Entry:
-    """Parse a ledger message; an invalid one gets ``record=None`` and the reason."""
-    raw = m.data()
-    try:
-        return Entry(m.message_id(), m.publish_timestamp(), LedgerRecord.from_json(raw), raw)
-    except LedgerSchemaError as exc:
-        reason = str(exc)
-    except Exception as exc:  # noqa: BLE001 - whatever a hostile record does, it is quarantined
-        reason = f"unreadable record ({type(exc).__name__})"
-    return Entry(m.message_id(), m.publish_timestamp(), None, raw, reason)
 
 
 def _pos(mid: MessageId) -> dict[str, int]:
@@ -186,7 +165,7 @@ def _records_by(conn: Connection, column: Any, values: set[str],
 
 def is_stream_placeholder(rec: LedgerRecord) -> bool:
     """The Spark sink's STARTED record of a streaming transaction opened before its batch is known."""
-    return rec.kind == "STARTED" and "stream_key" in rec.config and rec.batch_id.endswith(":next")
+    return rec.kind == Kind.STARTED and rec.config.stream_key is not None and is_stream_next(rec.batch_id)
 
 
 def recompute(conn: Connection, topic: str, batch_ids: Iterable[str], txn_ids: Iterable[str]) -> None:
@@ -228,13 +207,13 @@ def rebuild_batches(conn: Connection) -> int:
 
 def batch_status(recs: list[LedgerRecord]) -> LedgerRecord:
     """The record that decides a batch's status (the same whatever order the records came in)."""
-    for kind in ("REPLAYED", "PARKED", "COMMITTED"):
+    for kind in (Kind.REPLAYED, Kind.PARKED, Kind.COMMITTED):
         found = [r for r in recs if r.kind == kind]
         if found:
             return found[-1]
     top = max(r.attempt for r in recs)
     last = [r for r in recs if r.attempt == top]
-    aborted = [r for r in last if r.kind == "ABORTED"]
+    aborted = [r for r in last if r.kind == Kind.ABORTED]
     return aborted[-1] if aborted else last[-1]
 
 
@@ -242,10 +221,10 @@ def _batch_row(topic: str, recs: list[tuple[LedgerRecord, Any]]) -> dict[str, An
     records = [r for r, _ in recs]
     decider = batch_status(records)
     errors = [r.error for r in records if r.error]
-    committed = [r for r in records if r.kind in ("COMMITTED", "REPLAYED")]
+    committed = [r for r in records if r.kind in (Kind.COMMITTED, Kind.REPLAYED)]
     outputs = sum(sum(r.outputs.values()) for r in committed) if committed else sum(decider.outputs.values())
     started = min((row.started_at_ms for _, row in recs), default=0)
-    ended = decider.ended_at_ms if decider.kind != "STARTED" else None
+    ended = decider.ended_at_ms if decider.kind != Kind.STARTED else None
     parked = next((r.parked_topic for r in records if r.parked_topic), None)
     return {
         "batch_id": decider.batch_id, "job": decider.job, "status": decider.kind,
@@ -263,7 +242,7 @@ def txn_state(recs: list[LedgerRecord], resolution: Any = None) -> tuple[str, Le
     done = [r for r in recs if r.kind in COMMITTING_KINDS]
     if done:
         return "COMMITTED", done[-1]
-    aborted = [r for r in recs if r.kind == "ABORTED"]
+    aborted = [r for r in recs if r.kind == Kind.ABORTED]
     if aborted:
         return "ABORTED", aborted[-1]
     if resolution is not None:
@@ -279,11 +258,11 @@ def _txn_row(topic: str, recs: list[tuple[LedgerRecord, Any]], resolution: Any) 
     started = min(row.started_at_ms for _, row in recs)
     if state == "OPEN":
         ended = None
-    elif decider.kind == "STARTED":  # resolved by the reconciler
+    elif decider.kind == Kind.STARTED:  # resolved by the reconciler
         ended = resolution.resolved_at_ms
     else:
         ended = decider.ended_at_ms or next(row.publish_ms for r, row in recs if r is decider)
-    error = decider.error if state == "ABORTED" and decider.kind == "ABORTED" else (
+    error = decider.error if state == "ABORTED" and decider.kind == Kind.ABORTED else (
         resolution.reason if state != "COMMITTED" and resolution is not None else None)
     return {
         "txn_id": decider.txn_id, "job": named.job, "batch_id": named.batch_id, "attempt": named.attempt,
@@ -345,7 +324,7 @@ class Projector:
         while True:
             try:
                 start = await asyncio.to_thread(load_position, self.engine, topic)
-                reader = await self.client.create_reader(topic, start or EARLIEST, receiver_queue_size=self.chunk)
+                reader = await LedgerReader.open(self.client, topic, start or EARLIEST, receiver_queue_size=self.chunk)
                 st.error = None
                 try:
                     await self._read(topic, reader, st)
@@ -359,17 +338,9 @@ class Projector:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-    async def _read(self, topic: str, reader: Any, st: TopicStatus) -> None:
+    async def _read(self, topic: str, reader: LedgerReader, st: TopicStatus) -> None:
         while True:
-            entries: list[Entry] = []
-            try:
-                entries.append(entry_of(await reader.read_next(timeout_millis=1000)))
-                while len(entries) < self.chunk:  # whatever else is already here, briefly
-                    entries.append(entry_of(await reader.read_next(timeout_millis=20)))
-            except Timeout:
-                pass
-            except CorruptMessage as exc:  # failed its checksum or its size checks: quarantined, never retried
-                entries.append(Entry(exc.message_id, 0, None, b"", f"corrupt message ({exc.reason}): {exc.message}"))
+            entries = await reader.chunk(self.chunk)  # a corrupt message is an entry to quarantine, never retried
             if entries:
                 new, quarantined = await asyncio.to_thread(apply_chunk, self.engine, topic, entries)
                 if quarantined:

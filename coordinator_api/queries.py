@@ -16,13 +16,14 @@ from typing import Any
 from sqlalchemy import Engine, Integer, Select, bindparam, case, func, literal_column, select, union_all
 from sqlalchemy.engine import Connection
 
+from txn.delivery.ledger import Kind
 from txn.message import MessageId
 
 from . import db
 
 #: A job's commit-latency percentiles cover its latest this many commits.
 LATENCY_SAMPLE = 1000
-DONE = ("COMMITTED", "REPLAYED")
+DONE = (Kind.COMMITTED.value, Kind.REPLAYED.value)
 
 _t, _b, _r, _rep = db.transactions, db.batches, db.ledger_records, db.replays
 

@@ -11,6 +11,10 @@ Only jobs of the settings' job registry are replayed, with the registry's code a
 ledger record only names its job). Whatever the job's code does, ``BaseException`` included,
 fails the replay, not the process. A replay found ``running`` at start-up (the process died
 during it) is resumed once; found ``running`` again, it is marked failed with the reason.
+
+The replay finds the batch's records by key in the projection (``ledger_records`` is indexed by
+batch id), complete up to the projection's position in the ledger topic; it reads the ledger only
+after that position (records not projected yet, usually none), never the whole topic.
 """
 
 from __future__ import annotations
@@ -24,18 +28,20 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 
 from txn.client import AsyncClient
-from txn.delivery.ledger import now_ms
+from txn.delivery.ledger import Kind, LedgerRecord, LedgerSchemaError, now_ms
 from txn.delivery.output import load_handler
 from txn.delivery.replay import ReplayError, guarded, replay_batch
+from txn.message import MessageId
 
 from . import db
+from .projection import load_position
 from .sanitize import describe
 from .settings import JobSpec
 
 log = logging.getLogger("coordinator_api.replays")
 
 #: Batch statuses that can be replayed (a REPLAYED batch gives a no-op replay).
-REPLAYABLE = ("PARKED", "REPLAYED")
+REPLAYABLE = (Kind.PARKED.value, Kind.REPLAYED.value)
 ACTIVE = ("accepted", "running")
 #: Start-ups that may resume a replay they find running.
 MAX_RESUMES = 1
@@ -187,6 +193,28 @@ class ReplayService:
                                .where(b.c.batch_id == batch_id)).first()
         return None if row is None else dict(row._mapping)
 
+    def _known_records(self, ledger_topic: str, batch_id: str) -> tuple[list[LedgerRecord] | None, MessageId | None]:
+        """The batch's projected records, complete up to the projection's position in ``ledger_topic``
+        (records stored past it are left out: the replay reads the ledger from there on), and that
+        position; ``(None, None)`` if nothing of the topic was projected yet (the replay reads it all)."""
+        until = load_position(self.engine, ledger_topic)
+        if until is None:
+            return None, None
+        t = db.ledger_records
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(t.c.record, t.c.msg_ledger, t.c.msg_entry, t.c.msg_partition, t.c.msg_batch)
+                                .where(t.c.topic == ledger_topic).where(t.c.batch_id == batch_id)
+                                .order_by(t.c.id)).all()
+        records = []
+        for r in rows:
+            if MessageId(r.msg_ledger, r.msg_entry, r.msg_partition, r.msg_batch) > until:
+                continue
+            try:
+                records.append(LedgerRecord.from_json(r.record))
+            except LedgerSchemaError:  # stored by an older, laxer version: as a scan of the topic would skip it
+                continue
+        return records, until
+
     async def _replay(self, row: dict[str, Any]) -> Any:
         """Run the replay of ``row`` with its job's registered code and topics."""
         batch = await asyncio.to_thread(self._batch, row["ledger_topic"], row["batch_id"])
@@ -199,9 +227,10 @@ class ReplayService:
         handler = None
         if spec.handler is not None:
             handler = await asyncio.to_thread(guarded, f"loading handler {spec.handler}", load_handler, spec.handler)
+        records, until = await asyncio.to_thread(self._known_records, row["ledger_topic"], row["batch_id"])
         return await replay_batch(self.client, row["batch_id"], row["ledger_topic"], handler, spec.output,
                                   transform=spec.transform, job=batch["job"], parked_topics=spec.parked_topics,
-                                  allowed_outputs=spec.allowed_outputs)
+                                  allowed_outputs=spec.allowed_outputs, records=records, records_until=until)
 
 
 def _failure(exc: BaseException, msg: str) -> str:

@@ -14,14 +14,14 @@ import os
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from txn.admin import admin_request
 from txn.client import AsyncClient
-from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, ensure_ledger_retained, now_ms
+from txn.delivery.ledger import Kind, LedgerRecord, ensure_ledger_retained, now_ms
+from txn.delivery.ledger_reader import LedgerEndUnknown, read_tail
 from txn.errors import (
     InvalidTxnStatus,
     ProducerBusy,
@@ -30,7 +30,7 @@ from txn.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from txn.message import EARLIEST, MessageId, TxnID
+from txn.message import MessageId, TxnID
 from txn.producer import AsyncProducer, java_string_hash
 from txn.topic import parse_topic
 
@@ -46,7 +46,6 @@ BATCH_MAX_BYTES = 128 * 1024
 #: How far from the end of a stream's marker topic the replay check looks before a full scan.
 MARKER_TAIL_ENTRIES = 64
 STREAM_MARKER_PREFIX = "pulsar-txn-stream-"
-PROBE_PROP = "pulsar-txn.probe"
 
 
 class SinkError(RuntimeError):
@@ -302,50 +301,19 @@ def stream_marker_topic(ledger_topic: str, stream_key: str) -> str:
     return f"{t.domain}://{t.tenant}/{t.namespace}/{STREAM_MARKER_PREFIX}{h}"
 
 
-async def _read_until_probe(client: AsyncClient, topic: str, start: MessageId, probe: str,
-                            idle_ms: int) -> list[LedgerRecord]:
-    """Ledger records from ``start`` up to the probe message (the end of the topic as of now).
+async def _read_tail(client: AsyncClient, topic: str, idle_ms: int, full: bool = False) -> list[LedgerRecord]:
+    """The records of the last :data:`MARKER_TAIL_ENTRIES` entries of ``topic`` (all with ``full``), up
+    to a probe written first (see :func:`txn.delivery.ledger_reader.read_tail`).
 
     Read-committed dispatch stops at the first message of a transaction still open, so an
     unresolved transaction (a driver that died between writing a marker and committing) keeps
     the probe back: then :class:`SinkError`, rather than a guess from a partial read.
     """
-    reader = await client.create_reader(topic, start, start_message_id_inclusive=start != EARLIEST)
-    out: list[LedgerRecord] = []
     try:
-        while True:
-            try:
-                m = await reader.read_next(timeout_millis=idle_ms)
-            except Timeout:
-                raise SinkError(f"cannot tell which micro-batches were committed: an unresolved transaction on "
-                                f"{topic} holds back its end; retry after that transaction's timeout") from None
-            if m.properties().get(PROBE_PROP) == probe:
-                return out
-            try:
-                out.append(LedgerRecord.from_json(m.data()))
-            except LedgerSchemaError:
-                pass  # an older probe
-    finally:
-        await reader.close()
-
-
-async def _probe(client: AsyncClient, topic: str) -> tuple[str, MessageId]:
-    """Write a probe (outside any transaction) to mark the end of ``topic`` as of now."""
-    probe = uuid.uuid4().hex
-    p = await client.create_producer(topic, batching_enabled=False)
-    try:
-        return probe, await p.send(b"probe", properties={PROBE_PROP: probe})
-    finally:
-        await p.close()
-
-
-async def _read_tail(client: AsyncClient, topic: str, idle_ms: int, full: bool = False) -> list[LedgerRecord]:
-    """The records of the last :data:`MARKER_TAIL_ENTRIES` entries of ``topic`` (all with ``full``)."""
-    probe, end = await _probe(client, topic)
-    if full or end.entry_id <= MARKER_TAIL_ENTRIES:
-        return await _read_until_probe(client, topic, EARLIEST, probe, idle_ms)
-    start = MessageId(end.ledger_id, end.entry_id - MARKER_TAIL_ENTRIES, -1, -1)
-    return await _read_until_probe(client, topic, start, probe, idle_ms)
+        return await read_tail(client, topic, MARKER_TAIL_ENTRIES, idle_ms, full)
+    except LedgerEndUnknown:
+        raise SinkError(f"cannot tell which micro-batches were committed: an unresolved transaction on "
+                        f"{topic} holds back its end; retry after that transaction's timeout") from None
 
 
 async def stream_batch_committed(client: AsyncClient, marker_topic: str, stream_key: str,
@@ -360,15 +328,15 @@ async def stream_batch_committed(client: AsyncClient, marker_topic: str, stream_
     """
 
     def mine(records: list[LedgerRecord]) -> list[LedgerRecord]:
-        return [r for r in records if r.kind == "COMMITTED" and r.config.get("stream_key") == stream_key]
+        return [r for r in records if r.kind == Kind.COMMITTED and r.config.stream_key == stream_key]
 
     found = mine(await _read_tail(client, marker_topic, idle_ms))
     if not found:
         found = mine(await _read_tail(client, marker_topic, idle_ms, full=True))
     for r in found:
-        if r.config.get("spark_batch_id") == spark_batch_id:
+        if r.config.spark_batch_id == spark_batch_id:
             return r
-    newest = max((int(r.config.get("spark_batch_id", -1)) for r in found), default=-1)
+    newest = max((r.config.spark_batch_id for r in found if r.config.spark_batch_id is not None), default=-1)
     if newest > spark_batch_id:
         raise SinkError(f"micro-batch {spark_batch_id} of {stream_key}: the sink already committed batch {newest}; "
                         "the checkpoint is older than the sink's output (restored or reused?). Refusing to guess")
@@ -396,15 +364,15 @@ async def abort_stream_batch(service_url: str, ledger_topic: str, stream_key: st
     async with AsyncClient(service_url) as client:
         topic = stream_marker_topic(ledger_topic, stream_key)
         try:
-            records = [r for r in await _read_tail(client, topic, idle_ms) if r.config.get("stream_key") == stream_key]
+            records = [r for r in await _read_tail(client, topic, idle_ms) if r.config.stream_key == stream_key]
         except SinkError as exc:
             log.warning("cannot find the transaction of %s's failed micro-batch: %s", stream_key, exc)
             return None
-        started = [r for r in records if r.kind == "STARTED" and r.txn_id]
+        started = [r for r in records if r.kind == Kind.STARTED and r.txn_id]
         if not started:
             return None
         txn_id = started[-1].txn_id
-        if any(r.kind == "COMMITTED" and r.txn_id == txn_id for r in records):
+        if any(r.kind == Kind.COMMITTED and r.txn_id == txn_id for r in records):
             return None
         await _abort_quietly(client, txn_id, timeout_ms)
         return txn_id

@@ -42,12 +42,14 @@ from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
 from ..message import EARLIEST, Message, MessageId
+from .ledger import COMMITTING_KINDS as _COMMITTING
 from .ledger import SCHEMA
 
 log = logging.getLogger("txn.ledger_guard")
 
-#: Record kinds whose inputs are acknowledged in the record's own transaction.
-COMMITTING_KINDS = frozenset(("COMMITTED", "PARKED", "REPLAYED"))
+#: Record kinds whose inputs are acknowledged in the record's own transaction, as the JSON holds them
+#: (plain strings: the guard reads raw JSON, without building records, for speed).
+COMMITTING_KINDS = frozenset(k.value for k in _COMMITTING)
 #: The batch index of a message stored alone in its entry.
 NOT_BATCHED = -1
 _ALL = None  # an entry whose every message was committed

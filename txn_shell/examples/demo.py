@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from txn.admin import AdminError, admin_request, create_namespace
+from txn.delivery.batch_ids import is_narrowed_from
 from txn.delivery.ledger import default_ledger_topic
 
 from ..localbroker import BrokerError, LocalBroker, cache_dir
@@ -253,7 +254,7 @@ class Demo:
             want = len(r.events) - 1
             parked = wait_for("the poison to be parked and everything else committed",
                               lambda: self._parked(want), o.wait_timeout, interval=1, check=check)
-            subs = [b for b in self._batches() if b["batch_id"].startswith(parked["batch_id"] + ".")]
+            subs = [b for b in self._batches() if is_narrowed_from(b["batch_id"], parked["batch_id"])]
             narrowed = f", was narrowed ({len(subs)} sub-batches)" if subs else ""
             s.detail = (f"{len(second)} more events, one a refund the job's bug rejects; its batch "
                         f"{parked['batch_id']} failed {MAX_ATTEMPTS} times{narrowed} and the refund was parked "
