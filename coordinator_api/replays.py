@@ -227,10 +227,21 @@ class ReplayService:
         handler = None
         if spec.handler is not None:
             handler = await asyncio.to_thread(guarded, f"loading handler {spec.handler}", load_handler, spec.handler)
+        replayer = None
+        if spec.transform is not None:
+            replayer = await asyncio.to_thread(guarded, "loading the Spark runtime", _spark_replayer)
         records, until = await asyncio.to_thread(self._known_records, row["ledger_topic"], row["batch_id"])
         return await replay_batch(self.client, row["batch_id"], row["ledger_topic"], handler, spec.output,
-                                  transform=spec.transform, job=batch["job"], parked_topics=spec.parked_topics,
+                                  transform=spec.transform, replayer=replayer, job=batch["job"],
+                                  parked_topics=spec.parked_topics,
                                   allowed_outputs=spec.allowed_outputs, records=records, records_until=until)
+
+
+def _spark_replayer() -> Any:
+    """The Spark runtime's replayer (imported only when a registered job has a transform)."""
+    from spark_jobs.runtime import replay_outputs
+
+    return replay_outputs
 
 
 def _failure(exc: BaseException, msg: str) -> str:

@@ -22,8 +22,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 PACKAGES = ("txn", "spark_jobs", "coordinator_api", "txn_shell")
@@ -124,9 +122,8 @@ def test_checker_sees_lazy_relative_and_private_imports(tmp_path: Path) -> None:
     assert list(imports(tmp_path, tmp_path / "txn" / "sub" / "m.py"))[1] == (2, "txn", ["core"])
 
 
-#: Module specs ("pkg.mod:attr") that the library loads by name at run time. A name is an import
-#: that ast does not see; the one below is known and waits for replay to take its runtime replayer
-#: from the caller.
+#: Module specs ("pkg.mod:attr") that the library would load by name at run time: an import that
+#: ast does not see.
 _SPEC = re.compile(r"^(spark_jobs|coordinator_api|txn_shell)(\.\w+)*(:\w+)?$")
 
 
@@ -141,10 +138,7 @@ def named_higher_modules(root: Path) -> list[str]:
 
 
 def test_library_names_no_higher_module() -> None:
-    found = named_higher_modules(ROOT)
-    if [f.split(": ", 1)[1] for f in found] == ["spark_jobs.runtime:replay_outputs"]:
-        pytest.xfail("replay loads the Spark runtime's replayer by name (left for the lead: pass it from the caller)")
-    assert found == []
+    assert named_higher_modules(ROOT) == []
 
 
 if __name__ == "__main__":  # python tests/test_import_graph.py [ROOT]

@@ -11,7 +11,7 @@ import pulsar
 import pytest
 
 import txn
-from spark_jobs.runtime import SparkProcessor
+from spark_jobs.runtime import SparkProcessor, replay_outputs
 from txn.delivery.processor import ProcessorConfig
 from txn.delivery.replay import read_ledger, replay_batch
 
@@ -150,7 +150,7 @@ def test_runtime_poison_parked_and_replayed(broker, spark, official, unique_name
     async def do_replay():
         async with txn.AsyncClient(broker.service_url) as client:
             return await replay_batch(client, parked.batch_id, ledger, output=out,
-                                      transform="test_spark_runtime:fixed_transform")
+                                      transform="test_spark_runtime:fixed_transform", replayer=replay_outputs)
 
     res = asyncio.run(do_replay())  # the transform the caller names (never the ledger's), run by Spark
     assert res.replayed and res.messages == 1

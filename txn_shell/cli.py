@@ -113,9 +113,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     ledger = args.ledger_topic or default_ledger_topic(args.output or "persistent://public/default/x")
     handler = load_handler(args.handler) if args.handler else None
+    replayer = None
+    if args.transform:
+        from spark_jobs.runtime import replay_outputs as replayer
     try:
         res = replay(args.service_url, args.batch, ledger, handler=handler, output=args.output,
-                     transform=args.transform)
+                     transform=args.transform, replayer=replayer)
     except ReplayError as exc:
         print(f"cannot replay: {exc}", file=sys.stderr)
         return 1

@@ -34,14 +34,15 @@ from ..message import Message, MessageId
 from ..topic import parse_topic
 from .ledger import Kind, LedgerRecord, RecordConfig, now_ms
 from .ledger_reader import batch_records, read_records
-from .output import load_handler, normalise
+from .output import Output, normalise
 from .processor import PARK_BATCH, PARK_PROPS, PARK_SOURCE_TOPIC
 
 REPLAY_SUBSCRIPTION = "pulsar-txn-replay"
 
-#: The Spark runtime's ``(transform spec, messages) -> outputs``, loaded by name when a caller
-#: replays with a ``transform`` (the runtime lives in a higher layer, so it is not imported here).
-RUNTIME_REPLAYERS = {"spark": "spark_jobs.runtime:replay_outputs"}
+#: A runtime's ``(transform spec, messages) -> outputs``, e.g. ``spark_jobs.runtime.replay_outputs``.
+#: The caller passes it with a ``transform``: the runtime lives in a higher layer, and the library
+#: never loads code by a name it did not get from its caller.
+Replayer = Callable[[str, list[Message]], list[Output]]
 
 
 class ReplayError(Exception):
@@ -86,6 +87,7 @@ async def replay_batch(
     idle_ms: int = 2000,
     *,
     transform: str | None = None,
+    replayer: Replayer | None = None,
     job: str | None = None,
     parked_topics: Collection[str] | None = None,
     allowed_outputs: Collection[str] | None = None,
@@ -95,7 +97,8 @@ async def replay_batch(
 ) -> ReplayResult:
     """Replay the parked messages of ``batch_id`` exactly once (see the module docs).
 
-    Give ``handler`` (called per message) or ``transform`` (a Spark transform's ``module:function``),
+    Give ``handler`` (called per message) or ``transform`` (a Spark transform's ``module:function``,
+    run by ``replayer``, e.g. ``spark_jobs.runtime.replay_outputs``),
     and ``output`` for outputs that name no topic. ``job``: the batch must be that job's;
     ``parked_topics``: its parked messages must be on these; ``allowed_outputs``: its outputs may go
     only there (each a :class:`ReplayError` otherwise, before anything is written). ``txn_timeout_ms``
@@ -110,6 +113,9 @@ async def replay_batch(
     if handler is None and transform is None:
         raise ReplayError(f"batch {batch_id}: no handler given (a replay runs only the code its caller names, "
                           "never code named by a ledger record)")
+    if transform is not None and replayer is None:
+        raise ReplayError(f"batch {batch_id}: a transform replay needs its runtime's replayer (e.g. "
+                          "replayer=spark_jobs.runtime.replay_outputs)")
     if records is None:
         records = await batch_records(client, ledger_topic, batch_id, idle_ms=idle_ms)
     else:
@@ -138,8 +144,9 @@ async def replay_batch(
     out_topic = str(parse_topic(output)) if output else None
     batch_outputs = None
     if transform is not None:
-        replayer = guarded("loading the Spark runtime", load_handler, RUNTIME_REPLAYERS["spark"])
-        batch_outputs = lambda msgs: guarded(f"transform {transform}", replayer, transform, msgs)  # noqa: E731
+        run = replayer
+        assert run is not None
+        batch_outputs = lambda msgs: guarded(f"transform {transform}", run, transform, msgs)  # noqa: E731
     want = sum(sum(r.outputs.values()) for r in parked)
     consumer = await client.subscribe(topics, REPLAY_SUBSCRIPTION, consumer_type=ConsumerType.Shared,
                                       initial_position=InitialPosition.Earliest)
@@ -222,11 +229,13 @@ def _as_original(m: Message) -> Message:
 
 
 def replay(service_url: str, batch_id: str, ledger_topic: str, handler: Callable[[Message], Any] | None = None,
-           output: str | None = None, *, transform: str | None = None, **client_kwargs: Any) -> ReplayResult:
+           output: str | None = None, *, transform: str | None = None, replayer: Replayer | None = None,
+           **client_kwargs: Any) -> ReplayResult:
     """Blocking form of :func:`replay_batch`."""
 
     async def main() -> ReplayResult:
         async with AsyncClient(service_url, **client_kwargs) as client:
-            return await replay_batch(client, batch_id, ledger_topic, handler, output, transform=transform)
+            return await replay_batch(client, batch_id, ledger_topic, handler, output, transform=transform,
+                                      replayer=replayer)
 
     return asyncio.run(main())
