@@ -37,7 +37,7 @@ stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   log "installing Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev,api,spark]"
+  .venv/bin/python -m pip install -q -e ".[dev,api,spark,demo]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

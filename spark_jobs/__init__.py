@@ -10,7 +10,13 @@ from typing import Any
 
 
 def register(spark: Any) -> None:
-    """Register the ``pulsar`` source and the ``pulsar-txn`` sink with ``spark``."""
+    """Register the ``pulsar`` source and the ``pulsar-txn`` sink with ``spark``.
+
+    Raises :class:`spark_jobs.compat.UnsupportedPySparkError` when the installed pyspark is
+    outside the tested range."""
+    from .compat import check_pyspark
+
+    check_pyspark()
     from .sink import PulsarTxnDataSource
     from .source import PulsarDataSource
 

@@ -35,6 +35,8 @@ from txn.delivery.output import Output, load_handler
 from txn.delivery.processor import AsyncProcessor, BatchFailed, ProcessorConfig, ProcessorStats
 from txn.topic import parse_topic
 
+from .compat import check_pyspark
+
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
 
 _UTC = dt.UTC
@@ -144,7 +146,11 @@ def run_job(
     progress: TextIO | None = sys.stderr,
     **config: Any,
 ) -> ProcessorStats:
-    """Run a Spark exactly-once job until stopped (or ``max_batches`` / ``idle_exit_ms``)."""
+    """Run a Spark exactly-once job until stopped (or ``max_batches`` / ``idle_exit_ms``).
+
+    Raises :class:`spark_jobs.compat.UnsupportedPySparkError` first when the installed pyspark is
+    outside the tested range."""
+    check_pyspark()
     spec = transform if isinstance(transform, str) else None
     fn = load_handler(transform) if isinstance(transform, str) else transform
     conf = ProcessorConfig(inputs=inputs, output=output, subscription=subscription, job=job,

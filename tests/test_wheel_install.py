@@ -56,7 +56,8 @@ for name in packages:
             done.append(info.name)
         except BaseException as exc:
             failed[info.name] = f"{type(exc).__name__}: {exc}"
-print(json.dumps({"imported": done, "failed": failed, "where": where}))
+print(json.dumps({"imported": done, "failed": failed, "where": where,
+                  "pulsar_client": importlib.util.find_spec("pulsar") is not None}))
 """
 
 
@@ -117,11 +118,15 @@ def wheel_report(src: Path, extras: str | None = None) -> tuple[Path, list[str],
     work = Path(tempfile.mkdtemp(prefix="pulsar-txn-wheel-"))
     try:
         wheel = build_wheel(src, work)
-        names = zipfile.ZipFile(wheel).namelist()
+        with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+            (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+            metadata = zf.read(meta).decode()
         run_dir = work / "elsewhere"
         run_dir.mkdir()
         report = check_installed(install(wheel, work, extras), run_dir)
         report["venv"] = str(work / "venv")
+        report["metadata"] = metadata
         return wheel, names, report
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -137,6 +142,18 @@ def test_wheel_installs_and_runs_outside_the_checkout() -> None:
                    "txn_shell/__main__.py", "txn_shell/spark_cluster.py", "coordinator_api/static/dashboard.js"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "bench/", "deploy/", "docs/"))]
+    # the typing marker, and the license file the metadata declares
+    assert "txn/py.typed" in names
+    assert f"pulsar_txn-{__version__}.dist-info/licenses/LICENSE" in names
+    assert "License-Expression: Apache-2.0" in report["metadata"].splitlines()
+    # pulsar-client (the official client) is for tests, benchmarks and the demo: an extra, never a core dependency
+    requires = {line.split(":", 1)[1].strip() for line in report["metadata"].splitlines()
+                if line.startswith("Requires-Dist:")}
+    core = {r for r in requires if "extra ==" not in r}
+    assert core and not [r for r in core if r.lower().startswith(("pulsar-client", "pulsar_client"))], core
+    client_in = {r.split("extra ==", 1)[1].strip().strip("'\"") for r in requires
+                 if r.lower().startswith("pulsar-client") and "extra ==" in r}
+    assert {"dev", "demo"} <= client_in, requires
     assert report["version"] == f"pulsar-txn {__version__}"
     assert "usage: pulsar-txn" in report["help"] and "broker" in report["help"]
     assert report["failed"] == {}
@@ -164,6 +181,7 @@ def test_wheel_with_api_extra_resolves_its_own_dependencies() -> None:
     assert report["failed"] == {}
     assert set(report["where"]) == {"txn", "coordinator_api", "txn_shell"}
     assert {"txn_shell.cli", "coordinator_api.app", "txn.delivery.processor"} <= set(report["imported"])
+    assert not report["pulsar_client"]  # the official client comes only with the dev and demo extras
 
 
 if __name__ == "__main__":  # python tests/test_wheel_install.py [SRC]

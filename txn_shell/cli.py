@@ -56,6 +56,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .examples import missing_demo_modules
+
+    missing = missing_demo_modules()
+    if missing:
+        print(f"error: pulsar-txn demo needs the demo extra (pip install 'pulsar-txn[demo]'); "
+              f"not installed: {', '.join(missing)}", file=sys.stderr)
+        return 2
     from .examples.demo import DemoOptions, run_demo
 
     opts = DemoOptions(service_url=args.service_url, admin_url=args.admin_url,
