@@ -1,0 +1,128 @@
+"""``AsyncProcessor``: the asyncio processor, assembled from its parts.
+
+Its state is set up here, with the lifecycle (``start``, ``close``) and the output producers;
+the behaviour lives in the parts it inherits: :class:`~.batch_loop.BatchLoop` (``run``,
+``stop``, collecting), :class:`~.commit.CommitPipeline` (attempts, pipelined commits, aborts),
+:class:`~.parking.Parking` and :class:`~.records.LedgerRecords`. A subclass may override
+``_transform`` (how a batch becomes outputs) and ``_record_config`` (what records say of the job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from ...client import AsyncClient
+from ...consumer import AsyncConsumer
+from ...errors import CorruptMessage
+from ...message import Message
+from ...producer import AsyncProducer
+from ...topic import parse_topic
+from ...transaction import AsyncTransaction
+from ..batching import EntryBoundaries
+from ..ledger import default_ledger_topic, ensure_ledger_retained
+from ..ledger_guard import LedgerGuard
+from ..output import handler_spec, is_async
+from .batch_loop import BatchLoop
+from .commit import CommitPipeline
+from .config import ProcessorConfig, ProcessorStats
+from .failures import _discard
+from .parking import Parking
+from .records import LedgerRecords
+
+
+class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
+    """The asyncio processor. Build it with :func:`create_processor` or construct and ``await start()``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        handler: Callable[[Message], Any],
+        config: ProcessorConfig,
+        progress: TextIO | None = None,
+    ) -> None:
+        if not config.inputs:
+            raise ValueError("a processor needs at least one input topic")
+        if config.batch_max_messages <= 0 or config.batch_max_delay_ms <= 0:
+            raise ValueError("batch_max_messages and batch_max_delay_ms must be positive")
+        if config.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.client = client
+        self.handler = handler
+        self.config = config
+        self.inputs = [str(parse_topic(t)) for t in config.inputs]
+        self.output = str(parse_topic(config.output))
+        self.ledger_topic = str(parse_topic(config.ledger_topic or default_ledger_topic(self.output)))
+        self.config.handler_spec = config.handler_spec or handler_spec(handler)
+        self.stats = ProcessorStats()
+        self.instance = uuid.uuid4().hex[:8]
+        self._seq = 0
+        self._consumer: AsyncConsumer | None = None
+        self._producers: dict[str, AsyncProducer] = {}
+        self._producer_locks: dict[str, asyncio.Lock] = {}
+        self._ledger: AsyncProducer | None = None
+        self._stopping = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max(1, config.max_inflight_commits))
+        self._progress = progress
+        self._async_handler = is_async(handler)
+        self.fatal: BaseException | None = None
+        self._next_txn: asyncio.Task[AsyncTransaction] | None = None
+        self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
+        self.guard: LedgerGuard | None = None
+        self._corrupt: list[CorruptMessage] = []  # unreadable inputs, parked after the batch is collected
+        self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
+        #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
+        self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Subscribe to the inputs and create the ledger producer."""
+        c = self.config
+        self._consumer = await self.client.subscribe(
+            self.inputs,
+            c.subscription,
+            consumer_type=c.consumer_type,
+            initial_position=c.initial_position,
+            receiver_queue_size=c.receiver_queue_size,
+        )
+        await ensure_ledger_retained(self.client, self.ledger_topic)
+        if c.ledger_guard:
+            self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_ids)
+            await self.guard.start()
+        self._ledger = await self.client.create_producer(
+            self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
+        )
+        await self._producer(self.output)
+
+    async def _producer(self, topic: str) -> AsyncProducer:
+        p = self._producers.get(topic)
+        if p is not None:
+            return p
+        lock = self._producer_locks.setdefault(topic, asyncio.Lock())
+        async with lock:
+            p = self._producers.get(topic)
+            if p is None:
+                c = self.config
+                window = c.max_pending_messages or min(max(1000, 2 * c.batch_max_messages), 50000)
+                p = await self.client.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=1,
+                                                      max_pending_messages=window)
+                self._producers[topic] = p
+        return p
+
+    async def close(self) -> None:
+        """Wait for commits in flight, then close producers and the consumer."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        task, self._next_txn = self._next_txn, None
+        if task is not None:
+            await _discard(task)
+        for p in list(self._producers.values()) + ([self._ledger] if self._ledger else []):
+            await p.close()
+        if self._consumer is not None:
+            await self._consumer.close()
+        if self.guard is not None:
+            await self.guard.close()

@@ -1,0 +1,156 @@
+"""The batch loop: collect a batch, let the ordering gate hold what must wait, hand it to the commit pipeline.
+
+A batch closes at ``batch_max_messages`` or ``batch_max_delay_ms`` (or, with
+``batch_entry_boundaries``, at the end of the producer's batch entry it reached). While its
+messages arrive, the next transaction is already being opened. Inputs that cannot be read are
+set aside while collecting and parked before the batch is processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, TextIO
+
+from ...client import AsyncClient
+from ...consumer import AsyncConsumer
+from ...errors import CorruptMessage, Timeout
+from ...message import Message
+from ...transaction import AsyncTransaction
+from ..batch_ids import processor_batch_id
+from ..batching import EntryBoundaries
+from .config import ProcessorConfig, ProcessorStats
+
+
+class BatchLoop:
+    """Part of :class:`~txn.delivery.processor.AsyncProcessor`: ``run``/``stop`` and collecting batches."""
+
+    client: AsyncClient
+    config: ProcessorConfig
+    stats: ProcessorStats
+    instance: str
+    fatal: BaseException | None
+    _seq: int
+    _consumer: AsyncConsumer | None
+    _stopping: asyncio.Event
+    _inflight: set[asyncio.Task[None]]
+    _progress: TextIO | None
+    _next_txn: asyncio.Task[AsyncTransaction] | None
+    _entries: EntryBoundaries | None
+    _corrupt: list[CorruptMessage]
+
+    def stop(self) -> None:
+        """Ask the run loop to finish the batch in flight and return."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self, max_batches: int | None = None, idle_exit_ms: int | None = None) -> ProcessorStats:
+        """Process batches until :meth:`stop` (or ``max_batches``, or ``idle_exit_ms`` without input)."""
+        assert self._consumer is not None, "call start() first"
+        last_progress = time.monotonic()
+        idle_since = time.monotonic()
+        done = 0
+        try:
+            while not self._stopping.is_set():
+                if self.fatal is not None:
+                    raise self.fatal
+                batch = await self._collect()
+                while self._corrupt:
+                    await self._park_corrupt(self._corrupt.pop(0))
+                if self.config.ordering is not None:
+                    batch = await self.config.ordering.gate(self, batch)
+                now = time.monotonic()
+                if self._progress is not None and now - last_progress >= self.config.progress_interval_s:
+                    print(self.stats.line(self.config.job, len(self._inflight)), file=self._progress, flush=True)
+                    last_progress = now
+                if not batch:
+                    if idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight:
+                        if self.config.ordering is None or not self.config.ordering.holding:
+                            break
+                    continue
+                idle_since = now
+                await self._process(batch, self._new_batch_id())
+                done += 1
+                if max_batches is not None and done >= max_batches:
+                    break
+        finally:
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            if self._progress is not None:
+                print(self.stats.line(self.config.job, 0), file=self._progress, flush=True)
+        if self.fatal is not None:
+            raise self.fatal
+        return self.stats
+
+    async def _collect(self) -> list[Message]:
+        assert self._consumer is not None
+        c = self.config
+        consumer = self._consumer
+        if self._next_txn is None and not self._stopping.is_set():
+            # Open the next batch's transaction while its messages arrive.
+            self._next_txn = asyncio.get_running_loop().create_task(
+                self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            )
+        batch: list[Message] = []
+        ids: set[tuple[str, Any]] = set()
+        deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
+        held = self._entries.take(consumer.subscriptions_made) if self._entries is not None else None
+        while len(batch) < c.batch_max_messages and not self._stopping.is_set():
+            m, held = self._receive_nowait() if held is None else held, None
+            if m is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                m = await self._receive_or_stop(max(1, int(left * 1000)))
+                if m is None:
+                    break
+            key = (m.topic_name(), m.message_id())
+            if key in ids:
+                # Redelivered while its first copy is still here (after a reconnect or an abort).
+                # A transaction that acknowledged one message twice would commit its output twice.
+                continue
+            ids.add(key)
+            batch.append(m)
+        if self._entries is not None:
+            self._entries.complete(batch, ids, self._receive_nowait, consumer.subscriptions_made)
+        return batch
+
+    def _receive_nowait(self) -> Message | None:
+        """A queued message or None; unreadable ones are set aside to be parked."""
+        assert self._consumer is not None
+        while True:
+            try:
+                return self._consumer.receive_nowait()
+            except CorruptMessage as exc:
+                self._corrupt.append(exc)
+
+    async def _receive_or_stop(self, timeout_ms: int) -> Message | None:
+        """Wait for a message, the timeout, or :meth:`stop`, whichever comes first."""
+        assert self._consumer is not None
+        recv = asyncio.ensure_future(self._consumer.receive(timeout_millis=timeout_ms))
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not recv.done():
+            recv.cancel()
+            try:
+                await recv
+            except (asyncio.CancelledError, Timeout):
+                pass
+            return None
+        try:
+            return recv.result()
+        except Timeout:
+            return None
+        except CorruptMessage as exc:
+            self._corrupt.append(exc)  # closes this batch early; the message is parked next
+            return None
+
+    def _new_batch_id(self) -> str:
+        self._seq += 1
+        return processor_batch_id(self.config.job, self.instance, self._seq)

@@ -1,0 +1,313 @@
+"""The commit pipeline: one batch from its transaction to its commit, exactly once.
+
+``_process`` runs a batch to a commit: it retries broker-side failures, and a batch the handler
+keeps failing is narrowed in halves down to the failing message, which is parked. One attempt
+(``_attempt``):
+
+1. after a (re)subscription, waits until the ledger guard has read the ledger up to this batch
+   (``_sync_guard``); inputs the ledger already shows committed are acknowledged again and
+   produce nothing;
+2. takes the pre-opened transaction and writes the STARTED record (outside it);
+3. runs the handler (``_transform``, the hook the Spark runtime overrides) and produces the
+   outputs in the transaction (``_produce``);
+4. hands the commit to a background task (``_finish``: acknowledge the inputs, write the
+   COMMITTED record, commit), at most ``max_inflight_commits`` at a time, so the loop goes on
+   collecting the next batch. A failure aborts the transaction (``_abort``) and writes ABORTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...backoff import Backoff
+from ...client import AsyncClient
+from ...consumer import AsyncConsumer
+from ...errors import PulsarError, TransactionError
+from ...message import Message
+from ...producer import AsyncProducer
+from ...transaction import AsyncTransaction
+from ..batch_ids import narrowed_batch_id
+from ..ledger import Kind, LedgerRecord, now_ms
+from ..ledger_guard import LedgerGuard
+from ..output import Output, normalise
+from .config import ProcessorConfig, ProcessorStats
+from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _err, _Transient
+from .records import _ids
+
+log = logging.getLogger("txn.processor")
+
+
+class CommitPipeline:
+    """Part of :class:`~txn.delivery.processor.AsyncProcessor`: attempts, produce, pipelined commits, aborts."""
+
+    client: AsyncClient
+    handler: Callable[[Message], Any]
+    config: ProcessorConfig
+    output: str
+    stats: ProcessorStats
+    guard: LedgerGuard | None
+    fatal: BaseException | None
+    on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None
+    _consumer: AsyncConsumer | None
+    _producers: dict[str, AsyncProducer]
+    _ledger: AsyncProducer | None
+    _stopping: asyncio.Event
+    _inflight: set[asyncio.Task[None]]
+    _slots: asyncio.Semaphore
+    _async_handler: bool
+    _next_txn: asyncio.Task[AsyncTransaction] | None
+    _guard_synced: int
+
+    async def _take_txn(self) -> AsyncTransaction:
+        """The pre-opened transaction if it is still fresh, else a new one."""
+        c = self.config
+        task, self._next_txn = self._next_txn, None
+        if task is not None:
+            try:
+                t = await task
+            except PulsarError as exc:
+                raise _Transient(exc) from exc
+            age_ms = (time.monotonic() - t._opened) * 1000  # noqa: SLF001
+            if age_ms < c.txn_timeout_ms / 2:
+                return t
+            await _discard_txn(t)
+        try:
+            return await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        except PulsarError as exc:
+            raise _Transient(exc) from exc
+
+    async def _process(self, msgs: list[Message], batch_id: str, root: str | None = None) -> None:
+        """Run one batch to a commit, retrying, narrowing and parking as needed."""
+        root = root or batch_id
+        attempt = 0
+        backoff = Backoff(0.2, 5.0)
+        while True:
+            attempt += 1
+            try:
+                await self._attempt(msgs, batch_id, attempt)
+                return
+            except _Transient as exc:
+                # Not the batch's fault (broker restart, lost connection, coordinator busy):
+                # keep the batch and try again; this does not count towards parking.
+                self.stats.aborts += 1
+                attempt -= 1
+                if self._stopping.is_set():
+                    log.warning("stopping with batch %s unfinished (%s); the broker redelivers it", batch_id,
+                                exc.cause)
+                    return
+                delay = backoff.next()
+                log.warning("batch %s hit a broker-side failure (%s); retrying in %.1fs", batch_id, exc.cause, delay)
+                await asyncio.sleep(delay)
+                continue
+            except BatchFailed as failure:
+                self.stats.aborts += 1
+                if attempt < self.config.max_attempts:
+                    continue
+                if len(msgs) > 1:
+                    half = len(msgs) // 2
+                    log.warning("batch %s failed %d times (%s); narrowing %d messages", batch_id, attempt,
+                                failure, len(msgs))
+                    await self._process(msgs[:half], narrowed_batch_id(batch_id, 0), root)
+                    await self._process(msgs[half:], narrowed_batch_id(batch_id, 1), root)
+                    return
+                await self._park(msgs[0], failure, attempt, root)
+                return
+
+    async def _sync_guard(self, msgs: list[Message], batch_id: str, attempt: int, started: int) -> bool:
+        """After a (re)subscription, wait until the guard has read the ledger past this batch's STARTED record.
+
+        Returns True if it wrote the batch's STARTED record (then without a transaction id).
+        """
+        guard = self.guard
+        assert self._consumer is not None and self._ledger is not None
+        made = self._consumer.subscriptions_made
+        if guard is None or made == self._guard_synced:
+            return False
+        c = self.config
+        timeout_ms = c.guard_sync_timeout_ms or max(3 * c.txn_timeout_ms, 120_000)
+        rec = LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=None, attempt=attempt,
+                           inputs=_ids(msgs), started_at_ms=started, config=self._record_config())
+        try:
+            await guard.ensure_running()
+            mid = await self._ledger.send(rec.to_json(), partition_key=batch_id)
+            await guard.wait_past(mid, timeout_ms / 1000)
+        except (PulsarError, TimeoutError) as exc:
+            raise _Transient(exc) from exc
+        self._guard_synced = made
+        return True
+
+    async def _attempt(self, msgs: list[Message], batch_id: str, attempt: int) -> None:
+        c = self.config
+        started = now_ms()
+        wrote_started = await self._sync_guard(msgs, batch_id, attempt, started)
+        fresh, dups = self.guard.split(msgs) if self.guard is not None else (msgs, [])
+        if dups:
+            log.warning("batch %s: %d input(s) were already committed according to the ledger (the broker lost "
+                        "their acknowledgements); acknowledging them again without output", batch_id, len(dups))
+        t = await self._take_txn()
+        generation = self._generation()
+        inputs = _ids(fresh)
+        duplicates = _ids(dups) if dups else {}
+        if not wrote_started:
+            self._record_nowait(
+                LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                             inputs=_ids(msgs) if dups else inputs, started_at_ms=started, config=self._record_config())
+            )
+        try:
+            # Register what the batch will surely touch in two requests, while it is transformed.
+            assert self._consumer is not None and self._ledger is not None
+            parts = self._ledger.partition_topics() + self._producers[self.output].partition_topics()
+            subs = [(tp, c.subscription) for tp in {m.topic_name() for m in msgs}]
+            registering = asyncio.ensure_future(t.register_many(parts, subs))
+            try:
+                outputs = await self._transform(fresh) if fresh else []
+            finally:
+                try:
+                    await registering
+                except PulsarError as exc:
+                    raise _Transient(exc) from exc
+            counts = await self._produce(outputs, t)
+        except BatchFailed as failure:
+            await self._abort(t, batch_id, attempt, inputs, started, failure)
+            raise
+        except _Transient as exc:
+            await self._abort(t, batch_id, attempt, inputs, started, exc.cause)
+            raise
+        except PulsarError as exc:
+            # A broker-side failure before any ack: nothing was acknowledged, so retry the batch.
+            await self._abort(t, batch_id, attempt, inputs, started, exc)
+            raise _Transient(exc) from exc
+        await self._slots.acquire()
+        task = asyncio.get_running_loop().create_task(
+            self._finish(t, msgs, batch_id, attempt, inputs, counts, started, generation, fresh, duplicates)
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _transform(self, msgs: list[Message]) -> list[tuple[Message, list[Output]]]:
+        if self._async_handler:
+            out = []
+            for m in msgs:
+                try:
+                    out.append((m, normalise(await self.handler(m))))
+                except Exception as exc:  # the handler's failure fails the batch
+                    raise BatchFailed(exc, m) from exc
+            return out
+
+        def run_all() -> list[tuple[Message, list[Output]]]:
+            res = []
+            for m in msgs:
+                try:
+                    res.append((m, normalise(self.handler(m))))
+                except Exception as exc:
+                    raise BatchFailed(exc, m) from exc
+            return res
+
+        return await asyncio.get_running_loop().run_in_executor(None, run_all)
+
+    async def _produce(self, outputs: list[tuple[Message, list[Output]]], t: AsyncTransaction) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        futs: list[tuple[Message, asyncio.Future[Any]]] = []
+        for m, outs in outputs:
+            for o in outs:
+                topic = o.topic or self.output
+                try:
+                    p = await self._producer(topic)
+                    f = await p.send_async(o.content, properties=o.properties, partition_key=o.partition_key, txn=t)
+                except _PERMANENT_SEND_ERRORS as exc:
+                    raise BatchFailed(exc, m) from exc
+                futs.append((m, f))
+                counts[topic] = counts.get(topic, 0) + 1
+        for p in self._producers.values():
+            p.flush_now()
+        for m, f in futs:
+            try:
+                await f
+            except _PERMANENT_SEND_ERRORS as exc:
+                raise BatchFailed(exc, m) from exc
+        return counts
+
+    async def _finish(
+        self,
+        t: AsyncTransaction,
+        msgs: list[Message],
+        batch_id: str,
+        attempt: int,
+        inputs: dict[str, list[str]],
+        counts: dict[str, int],
+        started: int,
+        generation: int,
+        fresh: list[Message],
+        duplicates: dict[str, list[str]],
+    ) -> None:
+        c = self.config
+        t0 = time.monotonic()
+        try:
+            assert self._consumer is not None and self._ledger is not None
+            ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
+            rec = LedgerRecord(kind=Kind.COMMITTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                               inputs=inputs, outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
+                               duplicates=duplicates)
+            receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            self._ledger.flush_now()
+            record_id = await receipt
+            await ack
+            if self._generation() != generation:
+                # A producer reconnected during this transaction and may have re-sent a frame
+                # the broker had already stored; without broker dedup that could duplicate an
+                # output inside the transaction. Abort: the inputs come back and are redone.
+                raise TransactionError("a producer reconnected during the transaction; aborting to stay exactly-once",
+                                       txn_id=t.id)
+            if c.ordering is not None:
+                await c.ordering.prepare(msgs, t.id, self._ledger, record_id)
+            await t.commit()
+            commit_ms = (time.monotonic() - t0) * 1000
+            # (The guard learns this commit from the ledger: its reader sees the COMMITTED record.)
+            self.stats.batches += 1
+            self.stats.messages += len(fresh)
+            self.stats.duplicates_skipped += len(msgs) - len(fresh)
+            self.stats.outputs += sum(counts.values())
+            self.stats.commit_ms_total += commit_ms
+            if self.on_commit is not None:
+                self.on_commit(batch_id, t.id, len(fresh), counts, commit_ms)
+            if c.ordering is not None:
+                await c.ordering.committed(msgs)
+        except (PulsarError, TransactionError) as exc:
+            self.stats.aborts += 1
+            log.warning("batch %s (txn %s) did not commit: %s; the broker redelivers its inputs",
+                        batch_id, t.id, exc)
+            await self._abort(t, batch_id, attempt, inputs, started, exc)
+            if c.ordering is not None and t.state.value == "ABORTED":
+                await c.ordering.aborted(msgs, t.id)
+        except BaseException as exc:  # a bug: stop the processor rather than lose track
+            self.fatal = exc
+            raise
+        finally:
+            self._slots.release()
+
+    async def _abort(
+        self,
+        t: AsyncTransaction,
+        batch_id: str,
+        attempt: int,
+        inputs: dict[str, list[str]],
+        started: int,
+        error: BaseException,
+    ) -> None:
+        if t.state.value in ("OPEN", "TIMED_OUT"):
+            try:
+                await t.abort()
+            except PulsarError as exc:
+                log.warning("abort of %s failed (the broker's timeout aborts it): %s", t.id, exc)
+        await self._record(
+            LedgerRecord(kind=Kind.ABORTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                         inputs=inputs, started_at_ms=started, ended_at_ms=now_ms(), error=_err(error))
+        )
+
+    def _generation(self) -> int:
+        ps = list(self._producers.values()) + ([self._ledger] if self._ledger else [])
+        return sum(p.reconnect_count() for p in ps)

@@ -1,0 +1,71 @@
+"""The processor's settings (:class:`ProcessorConfig`) and counters (:class:`ProcessorStats`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...consumer import ConsumerType, InitialPosition
+from ..ordering import OrderingGuard
+
+
+@dataclass(slots=True)
+class ProcessorConfig:
+    """Settings of a :class:`Processor`."""
+
+    inputs: list[str]
+    output: str
+    subscription: str
+    job: str = "job"
+    batch_max_messages: int = 100
+    batch_max_delay_ms: int = 100
+    max_attempts: int = 3
+    txn_timeout_ms: int = 60000
+    max_inflight_commits: int = 2
+    consumer_type: ConsumerType = ConsumerType.Shared
+    initial_position: InitialPosition = InitialPosition.Earliest
+    ledger_topic: str | None = None
+    parking_suffix: str = "-parked"
+    receiver_queue_size: int = 1000
+    max_pending_messages: int | None = None  # output producers' window; default 2 × batch, 1000..50000
+    progress_interval_s: float = 5.0
+    handler_spec: str | None = None
+    #: Check every batch's inputs against the ledger's committed records (see ``ledger_guard``).
+    ledger_guard: bool = True
+    #: Bound of the guard's state: committed input ids remembered (about 60 bytes each).
+    guard_max_ids: int = 1_000_000
+    #: How long a batch waits for the ledger to become readable up to its STARTED record after a
+    #: re-subscription; default 3 x the transaction timeout, at least 2 minutes.
+    guard_sync_timeout_ms: int | None = None
+    #: Close batches at batch-entry boundaries: a batch never splits a producer's batch entry across
+    #: two transactions (it may exceed ``batch_max_messages`` by up to one entry; see ``batching``).
+    batch_entry_boundaries: bool = False
+    #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
+    ordering: OrderingGuard | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ProcessorStats:
+    """Counters, updated as batches complete."""
+
+    batches: int = 0
+    messages: int = 0
+    outputs: int = 0
+    aborts: int = 0
+    parked: int = 0
+    #: Inputs the ledger already showed committed: acknowledged again, nothing produced.
+    duplicates_skipped: int = 0
+    commit_ms_total: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, job: str, inflight: int) -> str:
+        el = max(time.monotonic() - self.started, 1e-9)
+        avg = self.commit_ms_total / self.batches if self.batches else 0.0
+        return (
+            f"[{job}] batches={self.batches} messages={self.messages} outputs={self.outputs} "
+            f"txn/s={self.batches / el:.1f} msg/s={self.messages / el:.0f} aborts={self.aborts} "
+            f"parked={self.parked} duplicates_skipped={self.duplicates_skipped} inflight={inflight} "
+            f"avg_commit_ms={avg:.1f}"
+        )

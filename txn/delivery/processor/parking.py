@@ -1,0 +1,135 @@
+"""Parking: a poison message, or an input that cannot be read, moves to ``<input>-parked`` atomically with its ack.
+
+One transaction acknowledges the input, produces it (or, for an unreadable one, an empty message
+naming the check that failed) to the parking topic with the error, attempt count and batch id in
+its properties (``PARK_*``), and writes a PARKED record. A replay reads those properties back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ...client import AsyncClient
+from ...consumer import AsyncConsumer
+from ...errors import CorruptMessage, PulsarError, TransactionError
+from ...message import Message
+from ...producer import AsyncProducer
+from ...topic import parse_topic
+from ...transaction import AsyncTransaction
+from ..ledger import Kind, LedgerRecord, now_ms
+from ..ledger_guard import LedgerGuard
+from .config import ProcessorConfig, ProcessorStats
+from .failures import BatchFailed, _discard_txn, _err
+
+log = logging.getLogger("txn.processor")
+
+#: Property names the processor adds to parked messages.
+PARK_ERROR = "pulsar-txn.error"
+PARK_ATTEMPTS = "pulsar-txn.attempts"
+PARK_BATCH = "pulsar-txn.batch_id"
+PARK_JOB = "pulsar-txn.job"
+PARK_SOURCE_TOPIC = "pulsar-txn.source_topic"
+PARK_SOURCE_ID = "pulsar-txn.source_message_id"
+#: On a parked message that could not be read at all (bad checksum, lying sizes): the check that
+#: failed. Its payload is empty; the source topic and message id say where the entry is stored.
+PARK_CORRUPT = "pulsar-txn.corrupt"
+PARK_PROPS = (PARK_ERROR, PARK_ATTEMPTS, PARK_BATCH, PARK_JOB, PARK_SOURCE_TOPIC, PARK_SOURCE_ID, PARK_CORRUPT)
+
+
+class Parking:
+    """Part of :class:`~txn.delivery.processor.AsyncProcessor`: parking failing and unreadable inputs."""
+
+    client: AsyncClient
+    config: ProcessorConfig
+    stats: ProcessorStats
+    guard: LedgerGuard | None
+    _consumer: AsyncConsumer | None
+    _ledger: AsyncProducer | None
+
+    async def _park(self, m: Message, failure: BatchFailed, attempts: int, batch_id: str) -> None:
+        """Move a poison message to the parking topic, atomically with its ack."""
+        c = self.config
+        assert self._consumer is not None and self._ledger is not None
+        source = parse_topic(m.topic_name()).base
+        parked_topic = source + c.parking_suffix
+        props = {k: v for k, v in m.properties().items() if k not in PARK_PROPS}
+        props.update({
+            PARK_ERROR: _err(failure.cause),
+            PARK_ATTEMPTS: str(attempts),
+            PARK_BATCH: batch_id,
+            PARK_JOB: c.job,
+            PARK_SOURCE_TOPIC: m.topic_name(),
+            PARK_SOURCE_ID: str(m.message_id()),
+        })
+        started = now_ms()
+        while True:
+            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            try:
+                p = await self._producer(parked_topic)
+                # Keep the event time: a replay hands the transform the message as it first saw it.
+                await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
+                                   event_timestamp=m.event_timestamp() or None, txn=t)
+                await self._consumer.acknowledge_many([m], t)
+                rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempts,
+                                   inputs={m.topic_name(): [str(m.message_id())]}, outputs={parked_topic: 1},
+                                   started_at_ms=started, ended_at_ms=now_ms(), error=_err(failure.cause),
+                                   parked_topic=parked_topic, config=self._record_config())
+                await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+                await t.commit()
+                if self.guard is not None:
+                    self.guard.committed.add_message(m)
+                self.stats.parked += 1
+                if c.ordering is not None:
+                    await c.ordering.on_parked(m)
+                log.warning("parked message %s of batch %s on %s: %s", m.message_id(), batch_id, parked_topic,
+                            failure)
+                return
+            except (PulsarError, TransactionError) as exc:
+                log.warning("parking %s failed (%s); the broker redelivers it", m.message_id(), exc)
+                if t.state.value == "OPEN":
+                    try:
+                        await t.abort()
+                    except PulsarError:
+                        pass
+                return
+
+    async def _park_corrupt(self, exc: CorruptMessage) -> None:
+        """Park an input that cannot be read (bad checksum, sizes that lie), never stopping on it.
+
+        One transaction acknowledges the stored entry, produces an empty message to the parking
+        topic whose properties name the check that failed, the source topic and message id, and
+        writes a PARKED record. If that fails the entry stays unacknowledged and comes back.
+        """
+        c = self.config
+        assert self._consumer is not None and self._ledger is not None
+        topic, mid = exc.topic or "", exc.message_id
+        parked_topic = parse_topic(topic).base + c.parking_suffix
+        batch_id = self._new_batch_id()
+        props = {PARK_ERROR: _err(exc), PARK_ATTEMPTS: "0", PARK_BATCH: batch_id, PARK_JOB: c.job,
+                 PARK_SOURCE_TOPIC: topic, PARK_SOURCE_ID: str(mid), PARK_CORRUPT: str(exc.reason)}
+        started = now_ms()
+        log.error("input %s on %s cannot be read (%s); parking it on %s", mid, topic, exc, parked_topic)
+        t: AsyncTransaction | None = None
+        try:
+            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            p = await self._producer(parked_topic)
+            sent = await p.send_async(b"", properties=props, txn=t)
+            await self._consumer.acknowledge(mid, t)
+            rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=0,
+                               inputs={topic: [str(mid)]}, outputs={parked_topic: 1}, started_at_ms=started,
+                               ended_at_ms=now_ms(), error=_err(exc), parked_topic=parked_topic,
+                               config=self._record_config())
+            receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            p.flush_now()
+            self._ledger.flush_now()
+            await sent
+            await receipt
+            await t.commit()
+        except (PulsarError, TransactionError, ValueError) as err:
+            log.warning("parking unreadable input %s failed (%s); it stays unacknowledged", mid, err)
+            if t is not None and t.state.value == "OPEN":
+                await _discard_txn(t)
+            return
+        if self.guard is not None:
+            self.guard.committed.add(topic, mid.ledger_id, mid.entry_id, -1)
+        self.stats.parked += 1
