@@ -122,6 +122,41 @@ def test_checker_sees_lazy_relative_and_private_imports(tmp_path: Path) -> None:
     assert list(imports(tmp_path, tmp_path / "txn" / "sub" / "m.py"))[1] == (2, "txn", ["core"])
 
 
+#: The core below the client: none of these imports :mod:`txn.client` (nor :mod:`txn.sync` above it),
+#: not even lazily or for type hints. The client is a factory that hands them a
+#: :class:`txn.context.ClientContext`; messages and transactions know a consumer only through
+#: :class:`txn.message.ConsumerRef`, so they import no consumer either.
+BELOW_CLIENT = {
+    "txn.producer": {"txn.client", "txn.sync"},
+    "txn.consumer": {"txn.client", "txn.sync"},
+    "txn.reader": {"txn.client", "txn.sync"},
+    "txn.context": {"txn.client", "txn.sync", "txn.producer", "txn.consumer", "txn.reader"},
+    "txn.transaction": {"txn.client", "txn.sync", "txn.producer", "txn.consumer", "txn.reader"},
+    "txn.coordinator": {"txn.client", "txn.sync", "txn.producer", "txn.consumer", "txn.reader", "txn.transaction"},
+    "txn.message": {"txn.client", "txn.sync", "txn.producer", "txn.consumer", "txn.reader", "txn.transaction",
+                    "txn.coordinator"},
+}
+
+
+def upward_core_imports(root: Path) -> list[str]:
+    """Imports of a module in :data:`BELOW_CLIENT` that name a module it must not import."""
+    found = []
+    for mod, banned in BELOW_CLIENT.items():
+        path = root / (mod.replace(".", "/") + ".py")
+        if not path.exists():  # an older checkout (no txn/context.py)
+            continue
+        for line, target, names in imports(root, path):
+            hits = {target} | {f"{target}.{n}" for n in names}  # ``from . import client`` too
+            for hit in sorted(hits & banned):
+                found.append(f"{path.relative_to(root)}:{line}: {mod} imports {hit}")
+    return found
+
+
+def test_core_modules_below_the_client_import_nothing_above_them() -> None:
+    assert all((ROOT / (m.replace(".", "/") + ".py")).exists() for m in BELOW_CLIENT)
+    assert upward_core_imports(ROOT) == []
+
+
 #: Module specs ("pkg.mod:attr") that the library would load by name at run time: an import that
 #: ast does not see.
 _SPEC = re.compile(r"^(spark_jobs|coordinator_api|txn_shell)(\.\w+)*(:\w+)?$")

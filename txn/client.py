@@ -1,4 +1,9 @@
-"""``AsyncClient``: the asyncio core that producers, consumers and transactions hang off."""
+"""``AsyncClient``: the asyncio core that producers, consumers and transactions hang off.
+
+The client is a factory. It owns the connection pool, the coordinator client and the id counter,
+and gives the producers, consumers and readers it builds a :class:`~txn.context.ClientContext`
+(pool, id allocator, register/forget) rather than itself: no module below imports this one.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 from .auth import Authentication
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
 from .message import MessageId, TxnID
@@ -70,6 +76,7 @@ class AsyncClient:
         self._producers: set[AsyncProducer] = set()
         self._consumers: set[AsyncConsumer] = set()
         self._closed = False
+        self._ctx = ClientContext(self._pool, self._ids.__next__, self._register, self._forget)
 
     def _next_id(self) -> int:
         return next(self._ids)
@@ -77,6 +84,9 @@ class AsyncClient:
     def _check(self) -> None:
         if self._closed:
             raise AlreadyClosed("client is closed")
+
+    def _register(self, obj: Any) -> None:
+        (self._producers if isinstance(obj, AsyncProducer) else self._consumers).add(obj)
 
     def _forget(self, obj: Any) -> None:
         self._producers.discard(obj)
@@ -125,7 +135,7 @@ class AsyncClient:
             properties=dict(properties or {}),
             access_mode=ProducerAccessMode(access_mode),
         )
-        p = AsyncProducer(self, name, conf)
+        p = AsyncProducer(self._ctx, name, conf)
         await p._start()  # noqa: SLF001
         self._producers.add(p)
         return p
@@ -164,7 +174,7 @@ class AsyncClient:
             ack_grouping_time_ms=ack_grouping_time_ms,
             properties=dict(properties or {}),
         )
-        c = AsyncConsumer(self, names, conf)
+        c = AsyncConsumer(self._ctx, names, conf)
         await c._start()  # noqa: SLF001
         self._consumers.add(c)
         return c
@@ -179,7 +189,7 @@ class AsyncClient:
     ) -> AsyncReader:
         """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id)."""
         self._check()
-        return await create_reader(self, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
+        return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
                                    reader_name)
 
     async def new_transaction(self, timeout_millis: int = 60000) -> AsyncTransaction:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backoff import Backoff
 from .connection import Connection, check_error, command, next_request_id
+from .context import ClientContext
 from .errors import (
     AlreadyClosed,
     ChecksumMismatch,
@@ -31,7 +32,6 @@ from .protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
 from .receive_queue import ReceiveQueue
 
 if TYPE_CHECKING:
-    from .client import AsyncClient
     from .transaction import AsyncTransaction
 
 log = logging.getLogger("txn.consumer")
@@ -162,11 +162,11 @@ class _TopicConsumer:
 
     def __init__(self, parent: AsyncConsumer, topic: str, partition: int, permits: int) -> None:
         self.parent = parent
-        self.client = parent._client  # noqa: SLF001
+        self.ctx = parent._ctx  # noqa: SLF001
         self.conf = parent.conf
         self.topic = topic
         self.partition = partition
-        self.consumer_id = self.client._next_id()  # noqa: SLF001
+        self.consumer_id = self.ctx.next_id()
         self.queue_size = max(permits, 1)
         self._threshold = max(self.queue_size // 2, 1)
         self._taken = 0  # guarded by the parent's receive-queue lock
@@ -194,7 +194,7 @@ class _TopicConsumer:
 
     async def _subscribe(self) -> None:
         conf = self.conf
-        conn = await self.client._pool.connection_for(self.topic)  # noqa: SLF001
+        conn = await self.ctx.pool.connection_for(self.topic)
         rid = next_request_id()
         fields: dict[str, Any] = {
             "topic": self.topic,
@@ -225,7 +225,7 @@ class _TopicConsumer:
             conn.consumers.pop(self.consumer_id, None)
             raise
         self._conn = conn
-        pool = self.client._pool  # noqa: SLF001
+        pool = self.ctx.pool
         self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
         self.parent._queue.reset(self)  # noqa: SLF001
         conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
@@ -367,7 +367,7 @@ class _TopicConsumer:
     async def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
         if not self._ready.is_set():
-            await asyncio.wait_for(self._ready.wait(), self.client._pool.operation_timeout)  # noqa: SLF001
+            await asyncio.wait_for(self._ready.wait(), self.ctx.operation_timeout)
         conn = self._conn
         if conn is None:
             raise ConnectError("consumer is not connected", topic=self.topic)
@@ -453,7 +453,7 @@ class _TopicConsumer:
         await txn.register_subscription(self.topic, self.conf.subscription_name)
         if not self._ready.is_set():
             try:
-                await asyncio.wait_for(self._ready.wait(), self.client._pool.operation_timeout)  # noqa: SLF001
+                await asyncio.wait_for(self._ready.wait(), self.ctx.operation_timeout)
             except TimeoutError:
                 raise ConnectError("consumer is not connected", topic=self.topic, txn_id=txn.id) from None
         conn = self._conn
@@ -562,8 +562,8 @@ class _TopicConsumer:
 class AsyncConsumer:
     """A consumer over one or more topics (and all partitions of partitioned ones)."""
 
-    def __init__(self, client: AsyncClient, topics: list[str], conf: ConsumerConfig) -> None:
-        self._client = client
+    def __init__(self, ctx: ClientContext, topics: list[str], conf: ConsumerConfig) -> None:
+        self._ctx = ctx
         self._topics = topics
         self.conf = conf
         self._subs: list[_TopicConsumer] = []
@@ -578,7 +578,7 @@ class AsyncConsumer:
         self.subscriptions_made = 0
 
     async def _start(self) -> None:
-        counts = await asyncio.gather(*(self._client._pool.partitions(t) for t in self._topics))  # noqa: SLF001
+        counts = await asyncio.gather(*(self._ctx.pool.partitions(t) for t in self._topics))
         total_parts = sum(max(c, 1) for c in counts)
         per = self.conf.receiver_queue_size
         if total_parts > 1:
@@ -753,7 +753,7 @@ class AsyncConsumer:
             self._ticker.cancel()
         self._queue.close()
         await asyncio.gather(*(s.close() for s in self._subs), return_exceptions=True)
-        self._client._forget(self)  # noqa: SLF001
+        self._ctx.forget(self)
 
     async def unsubscribe(self) -> None:
         """Delete the subscription on the broker and close."""
@@ -763,4 +763,4 @@ class AsyncConsumer:
             self._ticker.cancel()
         self._queue.close()
         await asyncio.gather(*(s.close(unsubscribe=True) for s in self._subs))
-        self._client._forget(self)  # noqa: SLF001
+        self._ctx.forget(self)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import total_ordering
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from .protocol import pb
-
-if TYPE_CHECKING:
-    from .consumer import _TopicConsumer
 
 
 @total_ordering
@@ -141,6 +138,22 @@ class TxnID:
         return cls(int(m.group(1)), int(m.group(2)))
 
 
+class ConsumerRef(Protocol):
+    """The back-reference of a received message (and of a transaction's recorded acks) to the
+    consumer of one topic or partition that received it.
+
+    A message only carries it, so that acknowledging it finds its consumer without a lookup; a
+    transaction calls it when an abort hands acknowledged messages back. It is defined here,
+    below the consumer, so that neither this module nor :mod:`txn.transaction` imports
+    :mod:`txn.consumer`.
+    """
+
+    def redeliver_after_abort(self, mids: list[MessageId], cumulative: bool) -> None:
+        """Hand back messages whose acknowledgements an aborted transaction held (all of them
+        from the last acknowledged position on if ``cumulative``)."""
+        ...
+
+
 class Message:
     """A received message. Accessors mirror ``pulsar.Message``."""
 
@@ -170,7 +183,7 @@ class Message:
         redelivery_count: int,
         producer_name: str,
         sequence_id: int,
-        consumer: _TopicConsumer | None = None,
+        consumer: ConsumerRef | None = None,
     ) -> None:
         self._data = data
         self._properties = properties
@@ -258,7 +271,7 @@ class ReceivedMessage(Message):
         redelivery_count: int,
         producer_name: str,
         sequence_id: int,
-        consumer: _TopicConsumer | None,
+        consumer: ConsumerRef | None,
     ) -> None:
         Message.__init__(self, data, properties, None, topic, partition_key, publish_timestamp,  # type: ignore[arg-type]
                          event_timestamp, redelivery_count, producer_name, sequence_id, consumer)

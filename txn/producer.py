@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backoff import Backoff
 from .connection import Connection, check_error, command, next_request_id
+from .context import ClientContext
 from .errors import (
     AlreadyClosed,
     ConnectError,
@@ -33,7 +34,6 @@ from .message import MessageId, TxnID
 from .protocol import CompressionType, compress, encode_entry, encode_payload_frame, pb
 
 if TYPE_CHECKING:
-    from .client import AsyncClient
     from .transaction import AsyncTransaction
 
 log = logging.getLogger("txn.producer")
@@ -111,12 +111,12 @@ def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:
 class _PartitionProducer:
     """Producer for one (non-partitioned topic or) partition."""
 
-    def __init__(self, client: AsyncClient, topic: str, partition: int, conf: ProducerConfig, window: int) -> None:
-        self._client = client
+    def __init__(self, ctx: ClientContext, topic: str, partition: int, conf: ProducerConfig, window: int) -> None:
+        self._ctx = ctx
         self.topic = topic
         self.partition = partition
         self.conf = conf
-        self.producer_id = client._next_id()  # noqa: SLF001
+        self.producer_id = ctx.next_id()
         self.producer_name = conf.producer_name or ""
         self._user_named = conf.producer_name is not None
         self._window = window
@@ -146,13 +146,13 @@ class _PartitionProducer:
         ``ProducerBusy`` is retried until the operation timeout: after a crash the broker may
         still hold the previous holder of a fixed producer name until it notices.
         """
-        pool = self._client._pool  # noqa: SLF001
+        pool = self._ctx.pool
         await pool.retrying(f"create producer on {self.topic}", self._create, topic=self.topic)
         loop = asyncio.get_running_loop()
         self._timeout_task = loop.create_task(self._timeout_loop())
 
     async def _create(self) -> None:
-        conn = await self._client._pool.connection_for(self.topic)  # noqa: SLF001
+        conn = await self._ctx.pool.connection_for(self.topic)
         rid = next_request_id()
         conn.producers[self.producer_id] = self
         fields: dict[str, Any] = {
@@ -553,8 +553,8 @@ def java_string_hash(s: str) -> int:
 class AsyncProducer:
     """A producer on a topic (all partitions of a partitioned topic)."""
 
-    def __init__(self, client: AsyncClient, topic: str, conf: ProducerConfig) -> None:
-        self._client = client
+    def __init__(self, ctx: ClientContext, topic: str, conf: ProducerConfig) -> None:
+        self._ctx = ctx
         self._topic = topic
         self.conf = conf
         self._parts: list[_PartitionProducer] = []
@@ -562,13 +562,13 @@ class AsyncProducer:
         self._rr = 0
 
     async def _start(self) -> None:
-        n = await self._client._pool.partitions(self._topic)  # noqa: SLF001
+        n = await self._ctx.pool.partitions(self._topic)
         if n == 0:
-            self._parts = [_PartitionProducer(self._client, self._topic, -1, self.conf, self.conf.max_pending_messages)]
+            self._parts = [_PartitionProducer(self._ctx, self._topic, -1, self.conf, self.conf.max_pending_messages)]
         else:
             per = max(1, min(self.conf.max_pending_messages, self.conf.max_pending_messages_across_partitions // n))
             self._parts = [
-                _PartitionProducer(self._client, f"{self._topic}-partition-{i}", i, self.conf, per)
+                _PartitionProducer(self._ctx, f"{self._topic}-partition-{i}", i, self.conf, per)
                 for i in range(n)
             ]
         try:
@@ -744,7 +744,7 @@ class AsyncProducer:
             return
         self._closed = True
         await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
-        self._client._forget(self)  # noqa: SLF001
+        self._ctx.forget(self)
 
     def reconnect_count(self) -> int:
         """How many times partitions re-created themselves on the broker (each may have re-sent frames)."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 import uuid
 
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .context import ClientContext
 from .message import EARLIEST, LATEST, Message, MessageId
+from .topic import parse_topic
 
 
 class AsyncReader:
@@ -74,18 +76,18 @@ class AsyncReader:
 
 
 async def create_reader(
-    client,  # noqa: ANN001 - AsyncClient (import cycle)
+    ctx: ClientContext,
     topic: str,
     start_message_id: MessageId,
     start_message_id_inclusive: bool = False,
     receiver_queue_size: int = 1000,
     reader_name: str | None = None,
 ) -> AsyncReader:
-    """Open a reader on ``topic`` (a non-partitioned topic or a single partition)."""
-    from .topic import parse_topic
+    """Open a reader on ``topic`` (a non-partitioned topic or a single partition).
 
+    ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`)."""
     name = str(parse_topic(topic))
-    if await client._pool.partitions(name) > 0:  # noqa: SLF001
+    if await ctx.pool.partitions(name) > 0:
         raise ValueError(f"{name} is partitioned: open a reader per partition ({name}-partition-N)")
     conf = ConsumerConfig(
         subscription_name=reader_name or f"reader-{uuid.uuid4().hex[:10]}",
@@ -95,7 +97,7 @@ async def create_reader(
         durable=False,
         start_message_id=start_message_id,
     )
-    c = AsyncConsumer(client, [name], conf)
+    c = AsyncConsumer(ctx, [name], conf)
     await c._start()  # noqa: SLF001
-    client._consumers.add(c)  # noqa: SLF001
+    ctx.register(c)
     return AsyncReader(c, start_message_id, start_message_id_inclusive)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .coordinator import CoordinatorClient
 from .errors import (
@@ -16,10 +16,7 @@ from .errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from .message import MessageId, TxnID
-
-if TYPE_CHECKING:
-    from .consumer import _TopicConsumer
+from .message import ConsumerRef, MessageId, TxnID
 
 log = logging.getLogger("txn.transaction")
 
@@ -53,8 +50,8 @@ class AsyncTransaction:
         self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._pending_ops = 0
         self._ops_idle: asyncio.Future[None] | None = None
-        self._acked: dict[_TopicConsumer, list[MessageId]] = {}
-        self._cumulative: set[_TopicConsumer] = set()
+        self._acked: dict[ConsumerRef, list[MessageId]] = {}
+        self._cumulative: set[ConsumerRef] = set()
         self._op_error: BaseException | None = None
 
     def __repr__(self) -> str:
@@ -139,7 +136,7 @@ class AsyncTransaction:
             self._ops_idle = asyncio.get_running_loop().create_future()
             await self._ops_idle
 
-    def record_ack(self, consumer: _TopicConsumer, ids: list[MessageId], cumulative: bool) -> None:
+    def record_ack(self, consumer: ConsumerRef, ids: list[MessageId], cumulative: bool) -> None:
         """Remember acks so an abort can hand the messages back to the consumer."""
         self._acked.setdefault(consumer, []).extend(ids)
         if cumulative:
