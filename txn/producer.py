@@ -227,8 +227,11 @@ class _PartitionProducer:
                          self.topic, len(self._pending))
                 return
             except PulsarError as exc:
+                # A broker that is still starting (after a restart) answers some of these, e.g.
+                # UnknownError "Bookie handle is not available" while its managed ledger opens.
                 if exc.retriable or isinstance(exc, (Timeout,)) or exc.server_error in (
                     "ServiceNotReady", "ProducerBusy", "MetadataError", "PersistenceError", "TopicNotFound",
+                    "UnknownError",
                 ):
                     log.debug("producer reconnect to %s failed: %s", self.topic, exc)
                     continue
