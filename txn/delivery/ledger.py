@@ -137,6 +137,18 @@ def _check_config(config: Any) -> None:
         raise _fail("config", f"an object of at most {MAX_CONFIG_KEYS} keys", config)
 
 
+def _ids_per_topic(name: str, value: Any) -> None:
+    """``{topic: [message id, ...]}`` within the bounds."""
+    if not isinstance(value, dict) or len(value) > MAX_TOPICS:
+        raise _fail(name, f"an object of at most {MAX_TOPICS} topics", value)
+    for topic, ids in value.items():
+        _text(f"{name} (topic)", topic, MAX_TOPIC)
+        if not isinstance(ids, list) or len(ids) > MAX_IDS:
+            raise _fail(name, f"an object of lists of at most {MAX_IDS} message ids", ids)
+        for i in ids:
+            _text(f"{name} (message id)", i, MAX_ID)
+
+
 def validate(rec: LedgerRecord) -> None:
     """Check every field's type and bounds; raises :class:`LedgerSchemaError`."""
     if rec.kind not in KINDS:
@@ -150,22 +162,8 @@ def validate(rec: LedgerRecord) -> None:
     _text("error", rec.error, MAX_ERROR, optional=True, lo=0)
     _text("parked_topic", rec.parked_topic, MAX_TOPIC, optional=True)
     _text("replay_of", rec.replay_of, MAX_BATCH_ID, optional=True)
-    if not isinstance(rec.inputs, dict) or len(rec.inputs) > MAX_TOPICS:
-        raise _fail("inputs", f"an object of at most {MAX_TOPICS} topics", rec.inputs)
-    for topic, ids in rec.inputs.items():
-        _text("inputs (topic)", topic, MAX_TOPIC)
-        if not isinstance(ids, list) or len(ids) > MAX_IDS:
-            raise _fail("inputs", f"an object of lists of at most {MAX_IDS} message ids", ids)
-        for i in ids:
-            _text("inputs (message id)", i, MAX_ID)
-    if not isinstance(rec.duplicates, dict) or len(rec.duplicates) > MAX_TOPICS:
-        raise _fail("duplicates", f"an object of at most {MAX_TOPICS} topics", rec.duplicates)
-    for topic, ids in rec.duplicates.items():
-        _text("duplicates (topic)", topic, MAX_TOPIC)
-        if not isinstance(ids, list) or len(ids) > MAX_IDS:
-            raise _fail("duplicates", f"an object of lists of at most {MAX_IDS} message ids", ids)
-        for i in ids:
-            _text("duplicates (message id)", i, MAX_ID)
+    _ids_per_topic("inputs", rec.inputs)
+    _ids_per_topic("duplicates", rec.duplicates)
     if not isinstance(rec.outputs, dict) or len(rec.outputs) > MAX_TOPICS:
         raise _fail("outputs", f"an object of at most {MAX_TOPICS} topics", rec.outputs)
     for topic, n in rec.outputs.items():
