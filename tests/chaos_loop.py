@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--shapes", default="all", help="comma-separated shape names, or 'all'")
-    ap.add_argument("--n", type=int, default=20000, help="inputs per run")
+    ap.add_argument("--n", type=int, default=400_000, help="inputs per run (a cap with --backlog)")
     ap.add_argument("--rate", type=float, default=0, help="inputs/s (0: spread over the chaos plan)")
-    ap.add_argument("--backlog", type=int, default=0,
-                    help="keep about this many inputs unprocessed until the plan is done (--n is then a cap)")
+    ap.add_argument("--backlog", type=int, default=3000,
+                    help="keep about this many inputs unprocessed until the plan is done (0: pace by --rate)")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--broker-restarts", type=int, default=2, help="clean restarts per run")
     ap.add_argument("--broker-kills", type=int, default=1, help="SIGKILL restarts per run")
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=1800, help="seconds per run")
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--workdir", default=None, help="logs and broker data (default: a new dir in /tmp)")
-    ap.add_argument("--code-dir", default=None, help="run the processors from this copy of txn (git archive)")
+    ap.add_argument("--code-dir", default=None, help="run processors from a copy of txn and txn_shell (git archive)")
     ap.add_argument("--json", default=None, help="write every run's counts to this file")
     args = ap.parse_args(argv)
     shapes = _shapes(args.shapes)
