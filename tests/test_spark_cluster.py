@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pulsar
@@ -82,10 +83,17 @@ def test_cluster_status(cluster):
     assert alive == [("ALIVE", 1, 1024)]
     assert [w["port"] for w in st["workers"] if w["state"] == "ALIVE"] == [st["worker_port"]] != [busy]
     # the first worker attempt hit the taken port and exited; the second, on fresh ports, came up
-    attempts = (Path(d) / "worker.log").read_text(errors="replace").split("=== attempt ")[1:]
+    registered = f"Successfully registered with master {master_url}"
+    deadline = time.monotonic() + 30
+    while True:
+        # The master lists the worker ALIVE a moment before the worker's log says it registered.
+        attempts = (Path(d) / "worker.log").read_text(errors="replace").split("=== attempt ")[1:]
+        if (len(attempts) == 2 and registered in attempts[1]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert [a.split()[0] for a in attempts] == ["1", "2"], attempts
     assert f"--port {busy} " in attempts[0] and f"failed after 0 retries (starting from {busy})" in attempts[0]
-    assert f"Successfully registered with master {master_url}" in attempts[1]
+    assert registered in attempts[1]
     assert (Path(d) / "master.log").read_text(errors="replace").count("=== attempt ") == 1
     # status from another process (the CLI) agrees, and identifies the daemons by pid + start time
     r = subprocess.run([sys.executable, "-m", "txn_shell.spark_cluster", "status", "--dir", d],
