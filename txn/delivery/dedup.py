@@ -208,11 +208,7 @@ class DedupReceiver:
             return self._park(msg, verdict)
         dup = dup or conflict
         if dup:
-            self.consumer.acknowledge(msg)
-            self._stats.duplicates += 1
-            if self.on_duplicate is not None:
-                self.on_duplicate(msg)
-            return Outcome.DUPLICATE
+            return self._duplicate(msg)
         if g is not None:
             g.after_commit(msg, "done")
         if self.after_commit is not None:
@@ -220,6 +216,14 @@ class DedupReceiver:
         self.consumer.acknowledge(msg)
         self._stats.processed += 1
         return Outcome.PROCESSED
+
+    def _duplicate(self, msg: Message) -> Outcome:
+        """A message whose id was already recorded: acknowledge it again, apply nothing."""
+        self.consumer.acknowledge(msg)
+        self._stats.duplicates += 1
+        if self.on_duplicate is not None:
+            self.on_duplicate(msg)
+        return Outcome.DUPLICATE
 
     def _park(self, msg: Message, why: OutOfOrder) -> Outcome:
         """Store ``msg`` with the reason and record its id (one transaction), then acknowledge it."""
@@ -241,11 +245,7 @@ class DedupReceiver:
                 store.rollback()
             raise
         if dup:
-            self.consumer.acknowledge(msg)
-            self._stats.duplicates += 1
-            if self.on_duplicate is not None:
-                self.on_duplicate(msg)
-            return Outcome.DUPLICATE
+            return self._duplicate(msg)
         g.after_commit(msg, "parked")
         if self.on_park is not None:
             self.on_park(msg, why)
