@@ -8,7 +8,6 @@ from functools import cached_property
 
 from sqlalchemy import Engine
 
-from txn.auth import AuthenticationToken
 from txn.client import AsyncClient
 
 from .db import make_engine
@@ -35,10 +34,9 @@ class Core:
     def open(cls, settings: Settings) -> Core:
         """Connect the database (creating the schema) and set up the broker clients."""
         engine = make_engine(settings.database_url)
-        token = settings.pulsar_token or None
-        live = Live(settings.admin_url, token=token, timeout=settings.admin_timeout_s)
-        auth = AuthenticationToken(token) if token else None
-        client = AsyncClient(settings.service_url, authentication=auth)
+        broker = settings.broker()
+        live = Live(settings.admin_url, timeout=settings.admin_timeout_s, **broker.admin_kwargs())
+        client = AsyncClient(settings.service_url, **broker.client_kwargs())
         core = cls(settings, engine, live, client, ReplayService(engine, client, settings.job_registry))
         if settings.project:
             core.projector = Projector(engine, client, live, topics=settings.ledger_topic_list,

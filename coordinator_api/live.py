@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,12 @@ class Live:
     admin_url: str
     token: str | None = None
     timeout: float = 5.0
+    context: ssl.SSLContext | None = None
 
     def _get(self, path: str, ok_missing: bool = False) -> Any:
         try:
-            status, body = admin_request("GET", self.admin_url, path, timeout=self.timeout, token=self.token)
+            status, body = admin_request("GET", self.admin_url, path, timeout=self.timeout, token=self.token,
+                                         context=self.context)
         except OSError as exc:
             raise LiveError(f"broker admin API {self.admin_url} unreachable: {exc}") from exc
         if status == 404 and ok_missing:

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from txn.settings import BrokerSettings, SettingsError
 from txn.topic import parse_topic
 
 DEFAULT_DATABASE_URL = "sqlite:///pulsar-txn-api.db"
@@ -110,7 +111,13 @@ class Settings(BaseSettings):
 
     service_url: str = Field("pulsar://127.0.0.1:6650", description="Pulsar binary protocol URL")
     admin_url: str = Field("http://127.0.0.1:8080", description="Pulsar admin REST URL")
-    pulsar_token: str = Field("", description="token for the broker (binary protocol and admin REST), if any")
+    auth_token: str = Field("", description="token for the broker (binary protocol and admin REST), if any")
+    auth_token_file: str = Field("", description="file holding the broker token (re-read at each connect)")
+    #: Older name of ``auth_token`` (``PULSAR_TXN_PULSAR_TOKEN``), still read.
+    pulsar_token: str = Field("", description="deprecated: use auth_token")
+    tls_trust_certs: str = Field("", description="CA certificates (PEM) for pulsar+ssl:// and https:// broker URLs")
+    tls_validate_hostname: bool = Field(False, description="check the broker certificate names its host")
+    tls_allow_insecure: bool = Field(False, description="accept any broker certificate (testing only)")
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL: an SQLite file or PostgreSQL")
     #: Comma-separated bearer tokens. Mutating endpoints are refused while this is empty.
     api_token: str = Field("", description="bearer token(s) for the API, comma-separated")
@@ -156,7 +163,20 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_jobs(self) -> Settings:
         _ = self.job_registry  # fail at start-up, not at the first replay
+        try:
+            _ = self.broker()
+        except SettingsError as exc:
+            raise ValueError(str(exc)) from exc
         return self
+
+    def broker(self) -> BrokerSettings:
+        """The broker connection settings (the model the CLI and the library share)."""
+        return BrokerSettings(service_url=self.service_url, admin_url=self.admin_url,
+                              auth_token=(self.auth_token or self.pulsar_token) or None,
+                              auth_token_file=self.auth_token_file or None,
+                              tls_trust_certs_file_path=self.tls_trust_certs or None,
+                              tls_validate_hostname=self.tls_validate_hostname,
+                              tls_allow_insecure_connection=self.tls_allow_insecure)
 
     @property
     def tokens(self) -> list[str]:

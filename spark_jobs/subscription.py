@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import urllib.parse
 import uuid
 from collections.abc import Mapping
@@ -91,7 +92,8 @@ class DropError(RuntimeError):
     """The admin API refused to delete a subscription (names the topic, subscription and reply)."""
 
 
-def drop_subscription(admin_url: str, topic: str, subscription: str, token: str | None = None) -> bool:
+def drop_subscription(admin_url: str, topic: str, subscription: str, token: str | None = None,
+                      context: ssl.SSLContext | None = None) -> bool:
     """Delete ``subscription`` from ``topic`` (a topic, a partition or a partitioned topic).
 
     Returns False if there was nothing to delete (no such topic or subscription). Refused while a
@@ -100,7 +102,7 @@ def drop_subscription(admin_url: str, topic: str, subscription: str, token: str 
     name = parse_topic(topic)
     path = (f"/admin/v2/{name.domain}/{urllib.parse.quote(name.tenant)}/{urllib.parse.quote(name.namespace)}/"
             f"{urllib.parse.quote(name.local)}/subscription/{urllib.parse.quote(subscription, safe='')}")
-    status, body = admin_request("DELETE", admin_url, path, token=token)
+    status, body = admin_request("DELETE", admin_url, path, token=token, context=context)
     if status in (200, 204):
         return True
     if status == 404:
