@@ -18,13 +18,18 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
 from txn_shell.localbroker import LocalBroker, free_port
+
+if TYPE_CHECKING:
+    from txn_shell.localcluster import LocalCluster
 
 
 @dataclass(frozen=True)
@@ -128,3 +133,33 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 def topic(unique_name: Callable[[str], str]) -> str:
     """A fresh topic name in public/default (not created)."""
     return f"persistent://public/default/{unique_name('t')}"
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A real Pulsar cluster (ZooKeeper, 3 bookies, 3 brokers, 4 coordinators) for the session.
+
+    Started once, on first use, in a fresh dir under /tmp and stopped at the end (the dir is kept
+    if tests failed). PULSAR_TXN_CLUSTER_DIR names a cluster to use instead (started if needed,
+    left running). Tests may kill and restart nodes; they must leave every node running.
+    """
+    from txn_shell.localcluster import LocalCluster
+
+    given = os.environ.get("PULSAR_TXN_CLUSTER_DIR")
+    data_dir = given or tempfile.mkdtemp(prefix="pulsar-txn-cluster-", dir="/tmp")
+    c = LocalCluster(data_dir)
+    failed_before = request.session.testsfailed
+    t0 = time.monotonic()
+    started = False
+    try:
+        c.start(timeout=360)
+        started = True
+        print(f"\ncluster ready in {time.monotonic() - t0:.0f}s, {c.rss_bytes() >> 20} MB RSS: {c.service_url}")
+        yield c
+    finally:
+        if not given:
+            c.stop()
+            if started and request.session.testsfailed == failed_before:
+                shutil.rmtree(data_dir, ignore_errors=True)
+            else:
+                print(f"\ncluster data and logs kept in {data_dir}")

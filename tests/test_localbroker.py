@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import stat
 import uuid
@@ -300,3 +301,39 @@ def test_restart_preserves_data(tmp_path) -> None:
         assert got == [b"m0", b"m1", b"m2"]
     finally:
         lb.stop()
+
+
+@pytest.mark.timeout(400)
+def test_two_standalones_side_by_side(tmp_path) -> None:
+    """`pulsar-txn broker start --data-dir --port --web-port` beside a broker that holds 3181: the
+    second bookie takes a free port, and both serve transactions (own broker, ~40 s)."""
+    import socket
+
+    import txn
+    from txn_shell import cli
+    from txn_shell.localbroker import DEFAULT_BOOKIE_PORT, HOST, port_free
+
+    with contextlib.ExitStack() as stack:
+        if port_free(DEFAULT_BOOKIE_PORT):  # no broker here holds it: hold it ourselves
+            s = stack.enter_context(socket.socket())
+            s.bind((HOST, DEFAULT_BOOKIE_PORT))
+            s.listen()
+        data = tmp_path / "second"
+        args = ["--data-dir", str(data), "--port", str(free_port()), "--web-port", str(free_port())]
+        try:
+            assert cli.main(["broker", "start", *args, "--timeout", "300"]) == 0
+            second = LocalBroker(data)
+            assert second.bookie_port != DEFAULT_BOOKIE_PORT
+            assert second.status()["bookie_port"] == second.bookie_port
+            assert second.is_healthy()
+            c = txn.Client(second.service_url)
+            try:
+                p = c.create_producer(f"persistent://public/default/side-{uuid.uuid4().hex[:8]}")
+                with c.new_transaction() as t:
+                    p.send(b"x", txn=t)
+                assert t.state is txn.TxnState.COMMITTED
+            finally:
+                c.close()
+        finally:
+            assert cli.main(["broker", "stop", *args]) == 0
+    assert not LocalBroker(data).is_running()

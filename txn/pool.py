@@ -89,6 +89,11 @@ class ConnectionPool:
         self._conns: dict[tuple[str, str], asyncio.Future[Connection]] = {}
         self._rr = 0
         self.closed = False
+        #: LOOKUP commands sent, how many the broker answered with a redirect, and how many lookups
+        #: ended at another broker than the one first asked (diagnostics, tests).
+        self.lookups = 0
+        self.lookup_redirects = 0
+        self.lookups_elsewhere = 0
 
     # ------------------------------------------------------------- connections
 
@@ -179,9 +184,11 @@ class ConnectionPool:
 
     async def _lookup_once(self, topic: str) -> tuple[str, str]:
         conn = await self.get()
+        asked = conn_physical(conn)
         authoritative = False
         for _ in range(MAX_REDIRECTS):
             rid = next_request_id()
+            self.lookups += 1
             resp = await conn.request(
                 command(T.LOOKUP, topic=topic, request_id=rid, authoritative=authoritative), rid
             )
@@ -195,8 +202,13 @@ class ConnectionPool:
                 raise from_server_error("ServiceNotReady", "lookup returned no broker URL", topic=topic)
             if r.response == pb.CommandLookupTopicResponse.Redirect:
                 authoritative = r.authoritative
+                self.lookup_redirects += 1
+                log.debug("lookup of %s: %s redirects to %s (authoritative=%s)", topic, conn.address, url,
+                          authoritative)
                 conn = await (self.get(url, conn_physical(conn)) if r.proxy_through_service_url else self.get(url))
                 continue
+            if url != asked:
+                self.lookups_elsewhere += 1
             if r.proxy_through_service_url:
                 return url, conn_physical(conn)
             return url, url

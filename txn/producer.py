@@ -41,7 +41,9 @@ T = pb.BaseCommand
 _NO_TXN = TxnID(-1, -1)
 
 #: One message of an explicit batch (:meth:`AsyncProducer.send_batch_async`): content, properties, partition key.
-BatchEntry = tuple[bytes, dict[str, str] | None, str | None]
+#: ``(content, properties, partition_key)``, optionally with a 4th item: the event time (epoch ms) or None.
+BatchEntry = (tuple[bytes, dict[str, str] | None, str | None]
+              | tuple[bytes, dict[str, str] | None, str | None, int | None])
 
 
 class ProducerAccessMode(IntEnum):
@@ -358,11 +360,14 @@ class _PartitionProducer:
         if first_sequence_id < 0:
             raise ValueError(f"sequence ids are non-negative, got {first_sequence_id}")
         parts: list[bytes] = []
-        for i, (content, properties, partition_key) in enumerate(entries):
+        for i, entry in enumerate(entries):
+            content, properties, partition_key = entry[0], entry[1], entry[2]
             smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=first_sequence_id + i,
                                            properties=_kv(properties))
             if partition_key is not None:
                 smm.partition_key = partition_key
+            if len(entry) > 3 and entry[3]:
+                smm.event_time = entry[3]  # type: ignore[misc]
             parts.append(encode_entry(smm, content))
         payload = b"".join(parts)
         self.check_size(payload)
@@ -663,7 +668,7 @@ class AsyncProducer:
         first_sequence_id: int,
         txn: AsyncTransaction | None = None,
     ) -> list[asyncio.Future[MessageId]]:
-        """Send ``entries`` — ``(content, properties, partition_key)`` each — as one batch message, as given.
+        """Send ``entries`` — ``(content, properties, partition_key[, event_time_ms])`` each — as one batch message.
 
         Entry ``i`` gets sequence id ``first_sequence_id + i``; returns one future per entry, all
         resolved together by the batch's receipt (or failed together), so awaiting the last one
@@ -678,7 +683,7 @@ class AsyncProducer:
         """
         if not entries:
             raise ValueError("a batch needs at least one message")
-        data = [(self._check(c), p, k) for c, p, k in entries]
+        data: list[BatchEntry] = [(self._check(e[0]), *e[1:]) for e in entries]  # type: ignore[misc]
         part = self._route(data[0][2])
         part.check_usable()
         tid = await self._admit(part, txn)

@@ -1,6 +1,7 @@
 """``pulsar-txn``: the command-line interface.
 
     pulsar-txn broker start|stop|status   run the local Pulsar standalone broker
+    pulsar-txn cluster start|stop|status  run a local Pulsar cluster (ZooKeeper, 3 bookies, 3 brokers)
     pulsar-txn demo                       Spark exactly-once job, failure, poison, replay, proof
     pulsar-txn process ...                exactly-once consume -> transform -> produce
     pulsar-txn replay --batch ID ...      replay a parked batch exactly once
@@ -26,6 +27,7 @@ def _broker(args: argparse.Namespace) -> localbroker.LocalBroker:
         args.data_dir,
         broker_port=args.port,
         web_port=args.web_port,
+        bookie_port=getattr(args, "bookie_port", None),
         transaction_coordinators=args.coordinators,
     )
 
@@ -51,6 +53,31 @@ def cmd_broker(args: argparse.Namespace) -> int:
         for k, v in st.items():
             print(f"{k:>24}: {v}")
     return 0 if st.get("running") and st.get("healthy") else 3
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from . import localcluster
+
+    c = localcluster.LocalCluster(args.data_dir, coordinators=args.coordinators)
+    if args.action == "start":
+        c.start(timeout=args.timeout)
+        print(f"service URL: {c.service_url}\nadmin URL:   {c.admin_url}\nlogs:        {c.data_dir / 'logs'}")
+        return 0
+    if args.action == "stop":
+        print("cluster stopped" if c.stop() else "cluster was not running")
+        return 0
+    st = c.status()
+    if args.json:
+        print(json.dumps(st, indent=2, default=str))
+    else:
+        for k, v in st.items():
+            if k != "nodes":
+                print(f"{k:>18}: {v}")
+        for n in st["nodes"]:
+            state = "serving" if n["serving"] else "running, not serving" if n["running"] else "down"
+            ports = " ".join(f"{k}={v}" for k, v in n["ports"].items())
+            print(f"{n['name']:>18}: {state:<20} pid={n['pid']} {ports}")
+    return 0 if st["healthy"] else 3
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -220,7 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("action", choices=["start", "stop", "status"])
     b.add_argument("--json", action="store_true", help="status as JSON")
     broker_opts(b)
+    b.add_argument("--bookie-port", type=int, default=None,
+                   help="the embedded bookie's port (default 3181, or a free one when 3181 is taken)")
     b.set_defaults(func=cmd_broker)
+
+    c = sub.add_parser("cluster", help="start, stop or inspect a local Pulsar cluster: ZooKeeper, 3 bookies, "
+                       "3 brokers, transactions on, 4 coordinators")
+    c.add_argument("action", choices=["start", "stop", "status"])
+    c.add_argument("--data-dir", default=None, help="cluster state (default: ~/.cache/pulsar-txn/cluster-data)")
+    c.add_argument("--coordinators", type=int, default=4, help="transaction coordinators of a new cluster")
+    c.add_argument("--timeout", type=float, default=300, help="seconds to wait for the cluster to be ready")
+    c.add_argument("--json", action="store_true", help="status as JSON")
+    c.set_defaults(func=cmd_cluster)
 
     d = sub.add_parser("demo", help="the local broker, the control plane and a Spark exactly-once job: a failure, "
                        "a poison message parked and replayed over REST, and the exactly-once check")

@@ -55,7 +55,13 @@ __all__ = [
     "LocalBroker",
     "cache_dir",
     "ensure_distribution",
+    "file_lock",
     "free_port",
+    "log_tail",
+    "loopback_interface",
+    "port_free",
+    "port_open",
+    "signal_group",
     "generate_tls_material",
     "make_token",
     "probe_transaction_coordinator",
@@ -143,7 +149,8 @@ def cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -160,7 +167,7 @@ def ensure_distribution(progress: Progress = print, version: str = PULSAR_VERSIO
     marker = home / ".unpacked"
     if marker.exists():
         return home
-    with _file_lock(cache / ".lock"):
+    with file_lock(cache / ".lock"):
         if marker.exists():
             return home
         tarball = cache / "dl" / f"pulsar-server-distribution-{version}-bin.tar.gz"
@@ -430,12 +437,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _loopback_interface() -> str | None:
+def loopback_interface() -> str | None:
+    """Name of the loopback network interface (``lo``/``lo0``), or None."""
     names = [name for _, name in socket.if_nameindex()]
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """True if ``port`` can be bound on 127.0.0.1 right now."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -445,7 +454,8 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def _port_open(port: int, timeout: float = 1.0) -> bool:
+def port_open(port: int, timeout: float = 1.0) -> bool:
+    """True if something accepts TCP connections on 127.0.0.1:``port``."""
     try:
         with socket.create_connection((HOST, port), timeout=timeout):
             return True
@@ -453,7 +463,17 @@ def _port_open(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _tail(path: Path, start: int = 0, lines: int = 40) -> str:
+def signal_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``'s process group if it leads one (started with its own session), else to ``pid``."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def log_tail(path: Path, start: int = 0, lines: int = 40) -> str:
+    """The last ``lines`` lines of ``path`` written after byte offset ``start``."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -499,9 +519,11 @@ class LocalBroker:
         self.web_port: int = web_port or saved.get("web_port") or DEFAULT_WEB_PORT
         # Once the bookie has data, Pulsar reuses the port recorded in its cookie
         # (the bookie id is host:port) and ignores --bookkeeper-port.
-        self.bookie_port: int = (
-            self._cookie_bookie_port() or bookie_port or saved.get("bookie_port") or DEFAULT_BOOKIE_PORT
-        )
+        known = self._cookie_bookie_port() or bookie_port or saved.get("bookie_port")
+        #: False when no port was given, saved or in the bookie's cookie: start() then moves off
+        #: DEFAULT_BOOKIE_PORT if another bookie holds it, so two brokers can run side by side.
+        self._bookie_port_fixed = known is not None
+        self.bookie_port: int = known or DEFAULT_BOOKIE_PORT
         self.transaction_coordinators: int = (
             transaction_coordinators or saved.get("transaction_coordinators") or 1
         )
@@ -677,7 +699,7 @@ class LocalBroker:
             assert self.broker_port_tls is not None
             self._ensure_security_material()
             overrides.update(_security_overrides(self.security_dir, self.broker_port_tls))
-        lo = _loopback_interface()
+        lo = loopback_interface()
         if lo:  # make the bookie bind to 127.0.0.1 (advertisedAddress) instead of 0.0.0.0
             overrides["listeningInterface"] = lo
         self.conf_file.parent.mkdir(parents=True, exist_ok=True)
@@ -707,16 +729,19 @@ class LocalBroker:
         """
         home = self._pulsar_home or ensure_distribution(self.progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.data_dir / ".lock"):
+        with file_lock(self.data_dir / ".lock"):
             pid = self.pid
             if pid is not None:
                 self.progress(f"broker already running (pid {pid}) at {self.service_url}")
                 started = False
             else:
+                if not self._bookie_port_fixed and not port_free(self.bookie_port):
+                    self.bookie_port = free_port()
+                    self.progress(f"bookie port {DEFAULT_BOOKIE_PORT} is taken; using {self.bookie_port}")
                 ports = [self.broker_port, self.web_port, self.bookie_port]
                 if self.broker_port_tls is not None:
                     ports.append(self.broker_port_tls)
-                busy = [p for p in ports if not _port_free(p)]
+                busy = [p for p in ports if not port_free(p)]
                 if busy:
                     raise BrokerError(f"port(s) {busy} on {HOST} already in use; is another broker running?")
                 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -770,7 +795,7 @@ class LocalBroker:
                 code = self._exit_code
                 raise BrokerError(
                     f"broker process exited (code {code}) during start; last log lines of {self.log_file}:\n"
-                    + _tail(self.log_file, self._log_offset)
+                    + log_tail(self.log_file, self._log_offset)
                 )
             reason = self._check(warm=True)
             if reason is None:
@@ -778,7 +803,7 @@ class LocalBroker:
                 return
             now = time.monotonic()
             if now - t0 > timeout:
-                tail = _tail(self.log_file, self._log_offset)
+                tail = log_tail(self.log_file, self._log_offset)
                 raise BrokerError(
                     f"broker (pid {self.pid}, still running) not ready after {timeout:.0f}s ({reason}); "
                     f"log tail of {self.log_file}:\n{tail}"
@@ -794,9 +819,9 @@ class LocalBroker:
             status, body = admin_request("GET", self.admin_url, "/admin/v2/clusters", timeout=5)
             if status != 200 or CLUSTER not in (body or []):
                 return f"admin API: GET /admin/v2/clusters -> {status}"
-            if not _port_open(self.broker_port):
+            if not port_open(self.broker_port):
                 return f"binary port {self.broker_port} not accepting connections"
-            if self.broker_port_tls is not None and not _port_open(self.broker_port_tls):
+            if self.broker_port_tls is not None and not port_open(self.broker_port_tls):
                 return f"TLS binary port {self.broker_port_tls} not accepting connections"
             tc_path = f"/admin/v2/{topic_path(TC_ASSIGN_TOPIC)}/partitions"
             status, body = admin_request("GET", self.admin_url, tc_path, timeout=5)
@@ -887,11 +912,7 @@ class LocalBroker:
 
     @staticmethod
     def _signal(pid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if os.getpgid(pid) == pid:  # started with its own session/group
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
+        signal_group(pid, sig)
 
     def _wait_exit(self, pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
