@@ -56,6 +56,11 @@ for _name in dir(conformance):
 official = conformance.official
 
 
+def _pool_of(c: txn.Client):  # noqa: ANN202
+    """The sync client's connection pool, whose lookup counters the tests read."""
+    return c.async_client.context.pool
+
+
 def _owner_port(admin_url: str, topic: str) -> int:
     status, body = admin_request("GET", admin_url, f"/lookup/v2/topic/{topic_path(topic)}")
     assert status == 200, (status, body)
@@ -84,7 +89,7 @@ def client(broker, request):
     """A client of broker 0; a test with the ``topic`` fixture must have looked up elsewhere."""
     c = txn.Client(broker.service_url, operation_timeout_seconds=60)
     yield c
-    pool = c.async_client.context.pool
+    pool = _pool_of(c)
     lookups, elsewhere = pool.lookups, pool.lookups_elsewhere
     c.close()
     print(f"\nlookups {lookups}, ended at another broker {elsewhere}, redirects {pool.lookup_redirects}")
@@ -117,7 +122,7 @@ def test_lookup_redirects_for_unowned_bundles(cluster, unique_name):
             with c.new_transaction() as t:
                 for tp in topics[i::3]:
                     c.create_producer(tp).send(f"{i}".encode(), txn=t)
-            pool = c.async_client.context.pool
+            pool = _pool_of(c)
             print(f"\nclient of broker-{i}: lookups {pool.lookups}, redirects {pool.lookup_redirects}, "
                   f"elsewhere {pool.lookups_elsewhere}")
             ok += pool.lookup_redirects > 0

@@ -556,16 +556,24 @@ class LocalCluster:
         if not self._wait_exit(node, pid, 30):
             raise ClusterError(f"{name} (pid {pid}) survived SIGKILL")
         self._pid_file(node).unlink(missing_ok=True)
+        self._wait_ports_free(node)
         self.progress(f"SIGKILLed {name} (pid {pid})")
         return pid
+
+    def _wait_ports_free(self, node: Node, timeout: float = 20) -> None:
+        """A killed JVM's main thread is a zombie while its other threads still hold the sockets."""
+        deadline = time.monotonic() + timeout
+        while not all(port_free(p) for p in node.ports.values()):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{node.name}'s ports {node.ports} still taken {timeout:.0f}s after it exited")
+            time.sleep(0.2)
 
     def restart_node(self, name: str, timeout: float = 180) -> None:
         """Start one stopped node again and wait until it serves (a broker: among the active brokers)."""
         node = self.node(name)
         if self.pid(node) is not None:
             return
-        if not port_free(node.port):
-            raise ClusterError(f"{name}'s port {node.port} is still taken")
+        self._wait_ports_free(node)
         t0 = time.monotonic()
         self._spawn(self._home(), node)
         check = self._broker_ready if node.role == "broker" else self._port_check
@@ -607,6 +615,7 @@ class LocalCluster:
                     if not self._wait_exit(node, pid, 30):
                         raise ClusterError(f"{node.name} (pid {pid}) survived SIGKILL")
                 self._pid_file(node).unlink(missing_ok=True)
+                self._wait_ports_free(node)
                 self.progress(f"stopped {node.name} (pid {pid})")
                 stopped = True
         return stopped
