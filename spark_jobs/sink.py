@@ -151,15 +151,19 @@ from typing import Any
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
     DataSourceStreamWriter,
     DataSourceWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructType, TimestampType
 
 from txn.delivery.batch_ids import micro_batch_id, stream_next_id, write_batch_id
 from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, default_ledger_topic, now_ms
+from txn.settings import BrokerSettings
 
+from .options import CONNECTION_ALIASES, broker_settings, lower_options, resolve_aliases
 from .sink_runtime import (
     BATCH_MAX_BYTES,
     BATCH_MAX_ROWS,
@@ -183,7 +187,10 @@ from .sink_runtime import (
 __all__ = [
     "FORMAT",
     "DeduplicationDisabled",
+    "ExtraColumnsError",
+    "PulsarTxnArrowWriter",
     "PulsarTxnDataSource",
+    "PulsarTxnStreamArrowWriter",
     "PulsarTxnStreamWriter",
     "PulsarTxnWriter",
     "SinkCommitMessage",
@@ -219,14 +226,34 @@ class SinkOptions:
     checkpoint_location: str | None = None
     batch_max_rows: int = BATCH_MAX_ROWS
     batch_max_bytes: int = BATCH_MAX_BYTES
+    #: Connection: URLs, credentials, TLS (``authToken``, ``tlsTrustCertsFilePath``, ...).
+    settings: BrokerSettings | None = None
+    #: Columns other than the sink's: ``error`` (refuse the write, naming them) or ``ignore``.
+    extra_columns: str = "error"
+    #: The task-side write path: ``arrow`` (Arrow record batches) or ``rows`` (PySpark rows).
+    writer: str = "arrow"
+
+    @property
+    def conn(self) -> BrokerSettings | str:
+        """What :mod:`spark_jobs.sink_runtime` connects with."""
+        return self.settings if self.settings is not None else self.service_url
 
     @classmethod
     def parse(cls, options: Any) -> SinkOptions:
-        """From Spark's (case-insensitive) options; raises :class:`SinkError` on bad ones."""
-        o = {str(k).lower(): v for k, v in dict(options or {}).items()}
-        url = o.get("service_url") or o.get("serviceurl")
-        if not url:
-            raise SinkError("the pulsar-txn sink needs option service_url (e.g. pulsar://localhost:6650)")
+        """From Spark's (case-insensitive) options; raises :class:`SinkError` on bad ones
+        (:class:`spark_jobs.options.OptionError` for connection options and alias conflicts)."""
+        o = resolve_aliases(lower_options(options), CONNECTION_ALIASES)
+        if not o.get("service_url"):
+            raise SinkError("the pulsar-txn sink needs option service_url (alias service.url), "
+                            "e.g. pulsar://localhost:6650")
+        settings = broker_settings(o, "pulsar-txn sink")
+        url = settings.service_url
+        extra_columns = str(o.get("extracolumns", "error")).strip().lower()
+        if extra_columns not in ("error", "ignore"):
+            raise SinkError(f"option extraColumns must be error or ignore, got {o.get('extracolumns')!r}")
+        writer = str(o.get("writer", "arrow")).strip().lower()
+        if writer not in ("arrow", "rows"):
+            raise SinkError(f"option writer must be arrow or rows, got {o.get('writer')!r}")
         topic = o.get("topic") or None
         try:
             topic = canonical_topic(topic) if topic else None
@@ -268,7 +295,7 @@ class SinkOptions:
                 raise SinkError(f"option {name} must be positive")
         return cls(
             service_url=str(url),
-            admin_url=o.get("admin_url") or None,
+            admin_url=settings.admin_url,
             topic=topic,
             txn_timeout_ms=timeout,
             ledger_topic=ledger,
@@ -277,6 +304,9 @@ class SinkOptions:
             query_id=query_id,
             batch_id=batch_id,
             checkpoint_location=o.get("checkpointlocation") or None,
+            settings=settings,
+            extra_columns=extra_columns,
+            writer=writer,
             **limits,
         )
 
@@ -301,13 +331,30 @@ class _Columns:
     has_key: bool
     has_topic: bool
     has_props: bool
+    has_event_time: bool = False
+
+
+#: The columns the sink writes; any other is refused, or ignored with ``extraColumns=ignore``.
+SINK_COLUMNS = ("value", "key", "topic", "properties", "event_time")
+
+
+class ExtraColumnsError(SinkError):
+    """The DataFrame has columns the sink does not write (``extraColumns=error``, the default)."""
+
+    def __init__(self, columns: list[str]) -> None:
+        self.columns = columns
+        super().__init__(
+            f"the pulsar-txn sink writes columns {', '.join(SINK_COLUMNS)}; the DataFrame also has {columns}. "
+            "Select only the sink's columns, or set option extraColumns=ignore to drop the others")
 
 
 def _check_schema(schema: StructType, opts: SinkOptions) -> _Columns:
     fields = {f.name.lower(): f for f in schema.fields}
-    extra = sorted(set(fields) - {"value", "key", "topic", "properties"})
+    extra = [f.name for f in schema.fields if f.name.lower() not in SINK_COLUMNS]
     if extra:
-        raise SinkError(f"the pulsar-txn sink takes columns value, key, topic, properties; unexpected: {extra}")
+        if opts.extra_columns == "error":
+            raise ExtraColumnsError(extra)
+        log.warning("pulsar-txn sink: extraColumns=ignore, columns not written: %s", extra)
     v = fields.get("value")
     if v is None or not isinstance(v.dataType, (BinaryType, StringType)):
         raise SinkError("the pulsar-txn sink needs a 'value' column of type binary or string")
@@ -323,9 +370,12 @@ def _check_schema(schema: StructType, opts: SinkOptions) -> _Columns:
     if p is not None and not (isinstance(p.dataType, MapType) and isinstance(p.dataType.keyType, StringType)
                               and isinstance(p.dataType.valueType, StringType)):
         raise SinkError("column 'properties' must be map<string,string>")
-    if any(name != name.lower() for name in (f.name for f in schema.fields)):
-        raise SinkError("name the sink's columns in lower case: value, key, topic, properties")
-    return _Columns(k is not None, t is not None, p is not None)
+    e = fields.get("event_time")
+    if e is not None and not isinstance(e.dataType, (TimestampType, LongType)):
+        raise SinkError("column 'event_time' must be a timestamp (or a long: epoch milliseconds)")
+    if any(f.name != f.name.lower() for f in schema.fields if f.name.lower() in SINK_COLUMNS):
+        raise SinkError(f"name the sink's columns in lower case: {', '.join(SINK_COLUMNS)}")
+    return _Columns(k is not None, t is not None, p is not None, e is not None)
 
 
 # ------------------------------------------------------------------------- messages
@@ -377,6 +427,9 @@ class _WriterBase:
             raise SinkError("the pulsar-txn writer's write() runs inside a Spark task")
         return ctx.partitionId(), ctx.attemptNumber()
 
+    #: Whether ``write`` gets Arrow record batches (the Arrow writers) or rows.
+    _ARROW = False
+
     def write(self, iterator: Any) -> SinkCommitMessage:
         if not self.txn_id:
             raise SinkError("the pulsar-txn writer reached a task without a transaction (unexpected PySpark "
@@ -388,8 +441,9 @@ class _WriterBase:
             default_topic=o.topic, lease_topic=o.ledger_topic, partition_id=partition_id, attempt=attempt,
             deterministic_order=o.deterministic_order, has_key=self.cols.has_key, has_topic=self.cols.has_topic,
             has_props=self.cols.has_props, batch_max_rows=o.batch_max_rows, batch_max_bytes=o.batch_max_bytes,
+            has_event_time=self.cols.has_event_time, settings=o.settings,
         )
-        res = run(write_partition(plan, iterator, getattr(self, "_after_send", None)))
+        res = run(write_partition(plan, iterator, getattr(self, "_after_send", None), self._ARROW))
         log.info("pulsar-txn task p%d attempt %d: %d rows into %s (%d already stored) in %.2fs", partition_id,
                  attempt, res.rows, self.txn_id, res.duplicates, res.seconds)
         return SinkCommitMessage(self.txn_id, partition_id, attempt, res.counts, res.rows, res.duplicates,
@@ -410,7 +464,7 @@ class _WriterBase:
         """A replayed micro-batch's transaction was aborted: say so in the ledger."""
         log.warning("pulsar-txn %s: %s", rec.batch_id, reason)
         rec.kind, rec.error, rec.ended_at_ms = Kind.ABORTED, f"DuplicateMicroBatch: {reason}", now_ms()
-        run(write_ledger(self.opts.service_url, self.opts.ledger_topic, rec))
+        run(write_ledger(self.opts.conn, self.opts.ledger_topic, rec))
 
 
 class PulsarTxnWriter(_WriterBase, DataSourceWriter):
@@ -420,15 +474,15 @@ class PulsarTxnWriter(_WriterBase, DataSourceWriter):
         self.opts = opts
         self.cols = _check_schema(schema, opts)
         if opts.topic:
-            require_deduplication(opts.admin_url, opts.topic)
+            require_deduplication(opts.admin_url, opts.topic, settings=opts.settings)
         self.write_id = uuid.uuid4().hex[:16]
         if opts.batch_id is not None:  # a foreachBatch micro-batch: idempotent per (query, batch)
             self.batch_key = micro_batch_id(opts.job, opts.query_id, opts.batch_id)
         else:
             self.batch_key = write_batch_id(opts.job, self.write_id)
         self.opened_at_ms = now_ms()
-        self.txn_id = run(open_transaction(opts.service_url, opts.txn_timeout_ms))
-        run(write_ledger(opts.service_url, opts.ledger_topic,
+        self.txn_id = run(open_transaction(opts.conn, opts.txn_timeout_ms))
+        run(write_ledger(opts.conn, opts.ledger_topic,
                          LedgerRecord(kind=Kind.STARTED, job=opts.job, batch_id=self.batch_key, txn_id=self.txn_id,
                                       started_at_ms=self.opened_at_ms,
                                       config=RecordConfig.of(sink=FORMAT, topic=opts.topic))))
@@ -442,7 +496,7 @@ class PulsarTxnWriter(_WriterBase, DataSourceWriter):
             stream_key = o.query_id
             extra.update(stream_key=stream_key, query_id=o.query_id, spark_batch_id=o.batch_id)
         rec = self._record(self.batch_key, messages, extra)
-        res = run(commit_transaction(o.service_url, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
+        res = run(commit_transaction(o.conn, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
                                      stream_key, o.batch_id))
         if res.committed:
             log.info("pulsar-txn write %s: committed %s: %s", self.batch_key, self.txn_id, res.outputs)
@@ -451,10 +505,10 @@ class PulsarTxnWriter(_WriterBase, DataSourceWriter):
 
     def abort(self, messages: list[Any]) -> None:
         o = self.opts
-        run(abort_transaction(o.service_url, self.txn_id, o.txn_timeout_ms))
+        run(abort_transaction(o.conn, self.txn_id, o.txn_timeout_ms))
         outputs, _, _ = _totals(messages)
         failed = sum(1 for m in messages if m is None)
-        run(write_ledger(o.service_url, o.ledger_topic, LedgerRecord(
+        run(write_ledger(o.conn, o.ledger_topic, LedgerRecord(
             kind=Kind.ABORTED, job=o.job, batch_id=self.batch_key, txn_id=self.txn_id, started_at_ms=self.opened_at_ms,
             ended_at_ms=now_ms(), outputs=outputs,
             error=f"SparkWriteAborted: {failed} of {len(messages)} task(s) failed",
@@ -511,7 +565,7 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
         self.cols = _check_schema(schema, opts)
         self.stream_key = opts.stream_key()
         if opts.topic:
-            require_deduplication(opts.admin_url, opts.topic)
+            require_deduplication(opts.admin_url, opts.topic, settings=opts.settings)
         self.txn_id = None
         self.opened_at_ms = 0
 
@@ -520,9 +574,9 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
         # the moment to open the micro-batch's transaction.
         if self.txn_id is None:
             self.opened_at_ms = now_ms()
-            self.txn_id = run(open_transaction(self.opts.service_url, self.opts.txn_timeout_ms))
+            self.txn_id = run(open_transaction(self.opts.conn, self.opts.txn_timeout_ms))
             o = self.opts
-            run(record_stream_open(o.service_url, o.ledger_topic, self.stream_key, LedgerRecord(
+            run(record_stream_open(o.conn, o.ledger_topic, self.stream_key, LedgerRecord(
                 kind=Kind.STARTED, job=o.job, batch_id=stream_next_id(o.job, self.stream_key), txn_id=self.txn_id,
                 started_at_ms=self.opened_at_ms,
                 config=RecordConfig.of(sink=FORMAT, stream_key=self.stream_key, topic=o.topic))))
@@ -548,7 +602,7 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
         rec = self._record(batch_key, messages, {"stream_key": self.stream_key, "query_id": self.stream_key,
                                                  "spark_batch_id": int(batchId)})
         _fault_hook("kill_before_sink_commit", batchId)
-        res = run(commit_transaction(o.service_url, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
+        res = run(commit_transaction(o.conn, self.txn_id, o.txn_timeout_ms, o.ledger_topic, rec,
                                      self.stream_key, int(batchId)))
         if res.committed:
             _fault_hook("kill_after_sink_commit", batchId)
@@ -561,21 +615,39 @@ class PulsarTxnStreamWriter(_WriterBase, DataSourceStreamWriter):
         o = self.opts
         txn_id = self._batch_txn(messages)
         if txn_id is not None:
-            run(abort_transaction(o.service_url, txn_id, o.txn_timeout_ms))
+            run(abort_transaction(o.conn, txn_id, o.txn_timeout_ms))
         else:  # no task reported: find the transaction from the STARTED record its writer left
-            txn_id = run(abort_stream_batch(o.service_url, o.ledger_topic, self.stream_key, o.txn_timeout_ms))
+            txn_id = run(abort_stream_batch(o.conn, o.ledger_topic, self.stream_key, o.txn_timeout_ms))
             if txn_id is None:
                 log.warning("pulsar-txn stream %s batch %d aborted; its transaction was not found and ends at its "
                             "timeout", self.stream_key, batchId)
                 return
-        run(write_ledger(o.service_url, o.ledger_topic, LedgerRecord(
+        run(write_ledger(o.conn, o.ledger_topic, LedgerRecord(
             kind=Kind.ABORTED, job=o.job, batch_id=micro_batch_id(o.job, self.stream_key, int(batchId)),
             txn_id=txn_id, ended_at_ms=now_ms(), error="SparkWriteAborted",
             config=RecordConfig.of(sink=FORMAT, stream_key=self.stream_key, spark_batch_id=int(batchId)))))
 
 
+class PulsarTxnArrowWriter(PulsarTxnWriter, DataSourceArrowWriter):
+    """Batch writer whose tasks get Arrow record batches (option ``writer=arrow``, the default)."""
+
+    _ARROW = True
+
+
+class PulsarTxnStreamArrowWriter(PulsarTxnStreamWriter, DataSourceStreamArrowWriter):
+    """Streaming writer whose tasks get Arrow record batches (option ``writer=arrow``, the default)."""
+
+    _ARROW = True
+
+
 class PulsarTxnDataSource(DataSource):
     """The ``pulsar-txn`` format (write only): see the module docs."""
+
+    #: The writer classes by option ``writer``: (batch, streaming).
+    WRITERS: dict[str, tuple[type[PulsarTxnWriter], type[PulsarTxnStreamWriter]]] = {
+        "arrow": (PulsarTxnArrowWriter, PulsarTxnStreamArrowWriter),
+        "rows": (PulsarTxnWriter, PulsarTxnStreamWriter),
+    }
 
     @classmethod
     def name(cls) -> str:
@@ -584,12 +656,14 @@ class PulsarTxnDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> PulsarTxnWriter:
         if overwrite:
             raise SinkError("the pulsar-txn sink only appends; use mode('append')")
-        return PulsarTxnWriter(SinkOptions.parse(self.options), schema)
+        opts = SinkOptions.parse(self.options)
+        return self.WRITERS[opts.writer][0](opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PulsarTxnStreamWriter:  # noqa: N802
         if overwrite:
             raise SinkError("the pulsar-txn sink only appends; use outputMode('append')")
-        return PulsarTxnStreamWriter(SinkOptions.parse(self.options), schema)
+        opts = SinkOptions.parse(self.options)
+        return self.WRITERS[opts.writer][1](opts, schema)
 
 
 # --------------------------------------------------------------------- foreachBatch
@@ -607,7 +681,7 @@ def write_batch_exactly_once(batch_df: Any, batch_id: int, query_id: str, option
     """
     opts = {**{str(k): str(v) for k, v in options.items()}, "query_id": str(query_id), "batch_id": str(batch_id)}
     so = SinkOptions.parse(opts)
-    done = run(is_stream_batch_committed(so.service_url, so.ledger_topic, str(query_id), int(batch_id)))
+    done = run(is_stream_batch_committed(so.conn, so.ledger_topic, str(query_id), int(batch_id)))
     if done is not None:
         log.warning("pulsar-txn foreachBatch %s batch %d: already committed in %s; skipped", query_id, batch_id,
                     done.txn_id)

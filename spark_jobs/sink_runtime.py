@@ -32,6 +32,7 @@ from txn.errors import (
 )
 from txn.message import MessageId, TxnID
 from txn.producer import AsyncProducer, java_string_hash
+from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
 log = logging.getLogger("spark_jobs.sink")
@@ -56,6 +57,21 @@ class DeduplicationDisabled(SinkError):
     """Broker deduplication is off where the sink would write: retries could duplicate rows."""
 
 
+#: Where to connect: :class:`txn.settings.BrokerSettings` (URL, token, TLS), or a bare service URL.
+Conn = BrokerSettings | str
+
+
+def connect(conn: Conn) -> AsyncClient:
+    """A client for ``conn`` with its credentials and TLS settings."""
+    if isinstance(conn, BrokerSettings):
+        return AsyncClient(conn.require_service_url(), **conn.client_kwargs())
+    return AsyncClient(conn)
+
+
+def _admin_kwargs(settings: BrokerSettings | None) -> dict[str, Any]:
+    return settings.admin_kwargs() if settings is not None else {}
+
+
 # ----------------------------------------------------------------------------- rows
 
 
@@ -67,9 +83,11 @@ class OutRow:
     key: str | None
     value: bytes
     properties: tuple[tuple[str, str], ...]
+    event_time: int | None = None  # epoch milliseconds
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.topic, self.key is not None, self.key or "", self.value, self.properties)
+        return (self.topic, self.key is not None, self.key or "", self.value, self.properties,
+                self.event_time is not None, self.event_time or 0)
 
     def batch_bytes(self) -> int:
         """What the row counts for towards ``batch_max_bytes``: a function of its content only
@@ -79,6 +97,8 @@ class OutRow:
             n += len(self.key) * 4
         for k, v in self.properties:
             n += (len(k) + len(v)) * 4 + 8
+        if self.event_time is not None:
+            n += 8
         return n
 
 
@@ -95,9 +115,28 @@ def canonical_topic(name: str) -> str:
     return t
 
 
-def normalise(row: Any, default_topic: str | None, has_key: bool, has_topic: bool, has_props: bool) -> OutRow:
+def normalise(row: Any, default_topic: str | None, has_key: bool, has_topic: bool, has_props: bool,
+              has_event_time: bool = False) -> OutRow:
     """A Spark ``Row`` -> :class:`OutRow` (raises ``ValueError`` with the reason for bad rows)."""
-    value = row["value"]
+    return make_row(row["value"], row["key"] if has_key else None, row["topic"] if has_topic else None,
+                    row["properties"] if has_props else None,
+                    _event_ms(row["event_time"]) if has_event_time else None, default_topic)
+
+
+def _event_ms(value: Any) -> int | None:
+    """An ``event_time`` cell (a datetime, naive ones in local time as PySpark gives them, or
+    epoch milliseconds) -> epoch milliseconds."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    return round(value.timestamp() * 1_000_000) // 1000  # floor to the millisecond, like the Arrow path
+
+
+def make_row(value: Any, key: Any, topic: str | None, props: Any, event_time: int | None,
+             default_topic: str | None) -> OutRow:
+    """One row's cells -> :class:`OutRow`: the one normalisation of the row and the Arrow path
+    (raises ``ValueError`` with the reason for bad rows)."""
     if value is None:
         raise ValueError("the sink's 'value' column is null; Pulsar messages need a payload")
     if isinstance(value, str):
@@ -106,7 +145,6 @@ def normalise(row: Any, default_topic: str | None, has_key: bool, has_topic: boo
         value = bytes(value)
     elif not isinstance(value, bytes):
         raise ValueError(f"'value' must be binary or string, got {type(value).__name__}")
-    key = row["key"] if has_key else None
     if isinstance(key, (bytes, bytearray, memoryview)):
         try:
             key = bytes(key).decode()
@@ -114,25 +152,26 @@ def normalise(row: Any, default_topic: str | None, has_key: bool, has_topic: boo
             raise ValueError(f"binary 'key' is not UTF-8 (Pulsar keys are strings): {exc}") from None
     elif key is not None and not isinstance(key, str):
         key = str(key)
-    topic = row["topic"] if has_topic else None
     if topic is None:
         topic = default_topic
         if topic is None:
             raise ValueError("row has no 'topic' and the sink has no 'topic' option")
     else:
         topic = canonical_topic(topic)
-    props: tuple[tuple[str, str], ...] = ()
-    if has_props:
-        p = row["properties"]
-        if p:
-            props = tuple(sorted((str(k), str(v)) for k, v in dict(p).items() if v is not None))
-    return OutRow(topic, key, value, props)
+    pairs: tuple[tuple[str, str], ...] = ()
+    if props:
+        pairs = tuple(sorted((str(k), str(v)) for k, v in dict(props).items() if v is not None))
+    if event_time is not None and event_time <= 0:
+        raise ValueError(f"'event_time' must be after 1970-01-01 (Pulsar stores it as positive epoch "
+                         f"milliseconds), got {event_time} ms")
+    return OutRow(topic, key, value, pairs, event_time)
 
 
 # ------------------------------------------------------------------------ dedup check
 
 
-def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0) -> bool:
+def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0,
+                          settings: BrokerSettings | None = None) -> bool:
     """Whether broker deduplication applies to ``topic``: topic policy, else namespace, else broker.
 
     Raises :class:`SinkError` if the admin API cannot tell.
@@ -141,19 +180,20 @@ def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0) -> 
     local = urllib.parse.quote(t.base.rpartition("/")[2], safe="")
     path = f"/admin/v2/{t.domain}/{t.tenant}/{t.namespace}/{local}/deduplicationEnabled?applied=true"
     try:
-        status, body = admin_request("GET", admin_url, path, timeout=timeout)
+        status, body = admin_request("GET", admin_url, path, timeout=timeout, **_admin_kwargs(settings))
         if status == 200 and isinstance(body, bool):
             return body
         if status not in (404, 200):
             raise SinkError(f"cannot read the deduplication policy of {topic}: HTTP {status} {body}")
         path = f"/admin/v2/namespaces/{t.tenant}/{t.namespace}/deduplication"
-        status, body = admin_request("GET", admin_url, path, timeout=timeout)
+        status, body = admin_request("GET", admin_url, path, timeout=timeout, **_admin_kwargs(settings))
         if status != 200:
             raise SinkError(f"cannot read the deduplication policy of namespace {t.tenant}/{t.namespace}: "
                             f"HTTP {status} {body}")
         if isinstance(body, bool):
             return body
-        status, body = admin_request("GET", admin_url, "/admin/v2/brokers/configuration/runtime", timeout=timeout)
+        status, body = admin_request("GET", admin_url, "/admin/v2/brokers/configuration/runtime", timeout=timeout,
+                                     **_admin_kwargs(settings))
         if status != 200 or not isinstance(body, dict):
             raise SinkError(f"namespace {t.tenant}/{t.namespace} has no deduplication policy and the broker "
                             f"default is unreadable: HTTP {status} {body}")
@@ -166,7 +206,8 @@ _dedup_ok: dict[tuple[str, str], float] = {}
 _dedup_lock = threading.Lock()
 
 
-def require_deduplication(admin_url: str | None, topic: str, where: str = "driver") -> None:
+def require_deduplication(admin_url: str | None, topic: str, where: str = "driver",
+                          settings: BrokerSettings | None = None) -> None:
     """Refuse (:class:`DeduplicationDisabled`) when deduplication is off for ``topic``.
 
     Without ``admin_url`` it cannot check: it logs a warning instead. Positive answers are
@@ -181,7 +222,7 @@ def require_deduplication(admin_url: str | None, topic: str, where: str = "drive
     with _dedup_lock:
         if time.monotonic() - _dedup_ok.get(key, -1e9) < 60:
             return
-    if not deduplication_enabled(admin_url, topic):
+    if not deduplication_enabled(admin_url, topic, settings=settings):
         raise DeduplicationDisabled(
             f"broker deduplication is disabled for {t.base} (namespace {t.tenant}/{t.namespace}); the pulsar-txn "
             f"sink needs it so that retried and speculative Spark tasks cannot duplicate rows. Enable it with "
@@ -199,17 +240,17 @@ def run(coro: Awaitable[Any]) -> Any:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-async def open_transaction(service_url: str, timeout_ms: int) -> str:
+async def open_transaction(conn: Conn, timeout_ms: int) -> str:
     """Open a transaction and return its id as ``(most,least)``."""
-    async with AsyncClient(service_url) as client:
+    async with connect(conn) as client:
         t = await client.new_transaction(timeout_millis=timeout_ms)
         return str(t.id)
 
 
-async def write_ledger(service_url: str, ledger_topic: str, rec: LedgerRecord) -> None:
+async def write_ledger(conn: Conn, ledger_topic: str, rec: LedgerRecord) -> None:
     """Write a ledger record outside any transaction (best effort: logged on failure)."""
     try:
-        async with AsyncClient(service_url) as client:
+        async with connect(conn) as client:
             await ensure_ledger_retained(client, ledger_topic)
             p = await client.create_producer(ledger_topic, batching_enabled=False)
             await p.send(rec.to_json(), partition_key=rec.batch_id)
@@ -229,7 +270,7 @@ class CommitResult:
 
 
 async def commit_transaction(
-    service_url: str,
+    conn: Conn,
     txn_id: str | None,
     timeout_ms: int,
     ledger_topic: str,
@@ -244,7 +285,7 @@ async def commit_transaction(
     transaction is aborted instead: its rows are a second copy. ``txn_id=None`` (a micro-batch
     without tasks) opens a transaction just for the records.
     """
-    async with AsyncClient(service_url) as client:
+    async with connect(conn) as client:
         marker_topic = None
         if stream_key is not None:
             assert spark_batch_id is not None
@@ -285,9 +326,9 @@ async def _abort_quietly(client: AsyncClient, txn_id: str, timeout_ms: int) -> N
         log.info("abort of %s: already ended (%s)", txn_id, exc)
 
 
-async def abort_transaction(service_url: str, txn_id: str, timeout_ms: int) -> None:
+async def abort_transaction(conn: Conn, txn_id: str, timeout_ms: int) -> None:
     """Abort ``txn_id`` (a transaction that already ended or timed out is fine)."""
-    async with AsyncClient(service_url) as client:
+    async with connect(conn) as client:
         await _abort_quietly(client, txn_id, timeout_ms)
 
 
@@ -343,11 +384,11 @@ async def stream_batch_committed(client: AsyncClient, marker_topic: str, stream_
     return None
 
 
-async def record_stream_open(service_url: str, ledger_topic: str, stream_key: str, record: LedgerRecord) -> None:
+async def record_stream_open(conn: Conn, ledger_topic: str, stream_key: str, record: LedgerRecord) -> None:
     """Note on the query's marker topic (outside any transaction) the transaction opened for its
     next micro-batch, so that an abort can find it even if no task reported (best effort)."""
     try:
-        async with AsyncClient(service_url) as client:
+        async with connect(conn) as client:
             topic = stream_marker_topic(ledger_topic, stream_key)
             await ensure_ledger_retained(client, topic)
             p = await client.create_producer(topic, batching_enabled=False)
@@ -357,11 +398,11 @@ async def record_stream_open(service_url: str, ledger_topic: str, stream_key: st
         log.warning("STARTED record of %s not written: %s", stream_key, exc)
 
 
-async def abort_stream_batch(service_url: str, ledger_topic: str, stream_key: str, timeout_ms: int,
+async def abort_stream_batch(conn: Conn, ledger_topic: str, stream_key: str, timeout_ms: int,
                              idle_ms: int = 5000) -> str | None:
     """Abort the transaction of the micro-batch in flight (the newest STARTED record of the query,
     if no COMMITTED marker names it); returns its id, or None if there is none to abort."""
-    async with AsyncClient(service_url) as client:
+    async with connect(conn) as client:
         topic = stream_marker_topic(ledger_topic, stream_key)
         try:
             records = [r for r in await _read_tail(client, topic, idle_ms) if r.config.stream_key == stream_key]
@@ -378,10 +419,10 @@ async def abort_stream_batch(service_url: str, ledger_topic: str, stream_key: st
         return txn_id
 
 
-async def is_stream_batch_committed(service_url: str, ledger_topic: str, stream_key: str,
+async def is_stream_batch_committed(conn: Conn, ledger_topic: str, stream_key: str,
                                     spark_batch_id: int) -> LedgerRecord | None:
     """Blocking-friendly wrapper of :func:`stream_batch_committed`."""
-    async with AsyncClient(service_url) as client:
+    async with connect(conn) as client:
         topic = stream_marker_topic(ledger_topic, stream_key)
         return await stream_batch_committed(client, topic, stream_key, spark_batch_id)
 
@@ -425,6 +466,9 @@ class TaskPlan:
     has_props: bool
     batch_max_rows: int = BATCH_MAX_ROWS
     batch_max_bytes: int = BATCH_MAX_BYTES
+    has_event_time: bool = False
+    #: Credentials and TLS (None: connect to ``service_url`` without them).
+    settings: BrokerSettings | None = None
 
     @property
     def producer_name(self) -> str:
@@ -445,18 +489,59 @@ class TaskResult:
 SendHook = Callable[[int, "asyncio.Future[MessageId]"], Awaitable[None]]
 
 
-def _chunks(rows: Iterable[Any], plan: TaskPlan, size: int) -> Iterator[list[OutRow]]:
+def _row_stream(rows: Iterable[Any], plan: TaskPlan, default: str | None) -> Iterator[OutRow]:
+    """Spark ``Row`` objects -> :class:`OutRow` (the row writer)."""
+    for r in rows:
+        yield normalise(r, default, plan.has_key, plan.has_topic, plan.has_props, plan.has_event_time)
+
+
+_TS_DIV = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}  # unit -> divisor to ms (negative: multiply)
+
+
+def _event_ms_column(arr: Any) -> list[int | None]:
+    """An Arrow ``event_time`` column (timestamp of any unit, or int64 epoch ms) -> epoch ms."""
+    import pyarrow as pa
+
+    if not pa.types.is_timestamp(arr.type):
+        return arr.to_pylist()  # type: ignore[no-any-return]
+    div = _TS_DIV[arr.type.unit]
+    raw = arr.cast(pa.int64()).to_pylist()
+    if div < 0:
+        return [None if v is None else v * -div for v in raw]
+    return [None if v is None else v // div for v in raw]
+
+
+def _arrow_stream(batches: Iterable[Any], plan: TaskPlan, default: str | None) -> Iterator[OutRow]:
+    """Arrow ``RecordBatch`` objects -> :class:`OutRow` (the Arrow writer): columns are read whole,
+    then each row goes through the same :func:`make_row` as the row writer's."""
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        nones: list[Any] = [None] * n
+        values = batch.column("value").to_pylist()
+        keys = batch.column("key").to_pylist() if plan.has_key else nones
+        topics = batch.column("topic").to_pylist() if plan.has_topic else nones
+        props = batch.column("properties").to_pylist() if plan.has_props else nones
+        events = _event_ms_column(batch.column("event_time")) if plan.has_event_time else nones
+        for i in range(n):
+            yield make_row(values[i], keys[i], topics[i], props[i], events[i], default)
+
+
+def _chunks(rows: Iterable[Any], plan: TaskPlan, size: int, arrow: bool = False) -> Iterator[list[OutRow]]:
+    """The task's input as :class:`OutRow` chunks: all of it sorted by content with
+    ``deterministic_order``, else in arrival order. ``arrow``: ``rows`` are Arrow record batches."""
     default = canonical_topic(plan.default_topic) if plan.default_topic else None
-    it = iter(rows)
+    it = _arrow_stream(rows, plan, default) if arrow else _row_stream(rows, plan, default)
     if plan.deterministic_order:
-        allrows = [normalise(r, default, plan.has_key, plan.has_topic, plan.has_props) for r in it]
+        allrows = list(it)
         allrows.sort(key=OutRow.sort_key)
         for i in range(0, len(allrows), size):
             yield allrows[i:i + size]
         return
     chunk: list[OutRow] = []
     for r in it:
-        chunk.append(normalise(r, default, plan.has_key, plan.has_topic, plan.has_props))
+        chunk.append(r)
         if len(chunk) >= size:
             yield chunk
             chunk = []
@@ -464,10 +549,10 @@ def _chunks(rows: Iterable[Any], plan: TaskPlan, size: int) -> Iterator[list[Out
         yield chunk
 
 
-async def _pull(rows: Iterable[Any], plan: TaskPlan) -> AsyncIterator[list[OutRow]]:
+async def _pull(rows: Iterable[Any], plan: TaskPlan, arrow: bool = False) -> AsyncIterator[list[OutRow]]:
     """Spark's input iterator, read and normalised off the event loop, in chunks."""
     loop = asyncio.get_running_loop()
-    gen = _chunks(rows, plan, CHUNK_ROWS)
+    gen = _chunks(rows, plan, CHUNK_ROWS, arrow)
     done = object()
     while True:
         chunk = await loop.run_in_executor(None, next, gen, done)
@@ -507,7 +592,8 @@ class _OpenBatch:
         self.size = 0
 
 
-async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | None = None) -> TaskResult:
+async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | None = None,
+                          arrow: bool = False) -> TaskResult:
     """Produce one Spark partition into the transaction (see :mod:`spark_jobs.sink`).
 
     Rows bound for one topic partition are numbered 0, 1, ... (their sequence ids) and sent in
@@ -516,14 +602,16 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
     ids. A batch is sent once it is complete, or at the end of the input; a failing attempt
     sends no partial one. ``batch_max_rows=1`` sends each row as a message of its own.
     ``hook(index, future)`` runs for each row once its batch is sent (``index``: the row's
-    position in the task's input, after sorting).
+    position in the task's input, after sorting). ``arrow``: ``rows`` is an iterator of Arrow
+    record batches (the Arrow writer); the rows they hold are numbered, cut and sent exactly as
+    the same rows given one by one would be.
     """
     started = time.monotonic()
     deadline = started + plan.txn_timeout_ms / 1000.0
     name = plan.producer_name
     max_rows = max(1, plan.batch_max_rows)
     max_bytes = max(1, plan.batch_max_bytes)
-    client = AsyncClient(plan.service_url)
+    client = connect(plan.settings if plan.settings is not None else plan.service_url)
     try:
         t = client.transaction_from_id(plan.txn_id, plan.txn_timeout_ms)
         lease: AsyncProducer | None = None
@@ -542,23 +630,24 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
             if max_rows == 1:
                 r = b.rows[0]
                 sent = [await p.send_async(r.value, properties=dict(r.properties) or None, partition_key=r.key,
-                                           sequence_id=first, txn=t)]
+                                           event_timestamp=r.event_time, sequence_id=first, txn=t)]
             else:
                 sent = await p.send_batch_async(
-                    [(r.value, dict(r.properties) if r.properties else None, r.key) for r in b.rows], first, txn=t)
+                    [(r.value, dict(r.properties) if r.properties else None, r.key, r.event_time) for r in b.rows],
+                    first, txn=t)
             sent_batches.append(sent)
             if hook is not None:
                 for i, fut in zip(b.indexes, sent, strict=True):
                     await hook(i, fut)
 
         index = 0
-        async for chunk in _pull(rows, plan):
+        async for chunk in _pull(rows, plan, arrow):
             for row in chunk:
                 dests = parts.get(row.topic)
                 if dests is None:
                     if plan.admin_url:
                         await asyncio.get_running_loop().run_in_executor(
-                            None, require_deduplication, plan.admin_url, row.topic, "executor")
+                            None, require_deduplication, plan.admin_url, row.topic, "executor", plan.settings)
                     dests = parts[row.topic] = await client.get_topic_partitions(row.topic)
                 if len(dests) == 1:
                     dest = dests[0]

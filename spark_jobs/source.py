@@ -61,8 +61,12 @@ Options (names are case-insensitive):
   broker (:class:`PulsarDataLossError`, naming the topic, partition and missing range); with
   ``false``, log a warning with the same facts and go on with what is stored.
 - ``authToken`` (a token or ``file:///path``), ``tlsTrustCertsFilePath``,
-  ``tlsAllowInsecureConnection``: connection security (the token is also sent to the admin
-  API as a bearer token).
+  ``tlsAllowInsecureConnection``, ``tlsValidateHostname``: connection security (the token is
+  also sent to the admin API as a bearer token).
+- Aliases (:mod:`spark_jobs.options`): ``service.url`` and ``admin.url`` for ``service_url`` and
+  ``admin_url``, ``topic`` (one topic) for ``topics``, ``poolTimeoutMs`` for ``pollTimeoutMs``;
+  an alias and its canonical name given with different values raise
+  :class:`spark_jobs.options.OptionConflict`.
 
 Columns: ``key`` binary (the partition key's UTF-8 bytes, null if none), ``value`` binary,
 ``topic`` string (without ``-partition-N``), ``partition`` int (-1 if not partitioned),
@@ -102,6 +106,7 @@ from pyspark.sql.types import (
 
 import txn
 from txn.admin import admin_request
+from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
 from .offsets import (
@@ -119,6 +124,7 @@ from .offsets import (
     position_of,
     to_message_id,
 )
+from .options import CONNECTION_ALIASES, OptionError, lower_options, resolve_aliases
 from .subscription import SUBSCRIPTION_KEY, check_subscription_name, new_subscription_name, split_offset
 
 SCHEMA = StructType([
@@ -161,11 +167,12 @@ class SourceOptions:
     tls_allow_insecure_connection: bool = False
     subscription: str | None = None
     fail_on_data_loss: bool = True
+    tls_validate_hostname: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SourceOptions:
         """Validate ``options`` (``ValueError`` naming the option on anything wrong)."""
-        o = {str(k).lower(): v for k, v in options.items() if v is not None}
+        o = _source_options(options)
         url = str(o.get("service_url", "")).strip()
         if not url:
             raise ValueError("the pulsar source needs the option service_url (e.g. pulsar://127.0.0.1:6650)")
@@ -205,6 +212,7 @@ class SourceOptions:
         discovery = (_positive_int(o["partitiondiscoveryintervalms"], "partitionDiscoveryIntervalMs")
                      if "partitiondiscoveryintervalms" in o else 10000)
         insecure = _bool(o.get("tlsallowinsecureconnection", "false"), "tlsAllowInsecureConnection")
+        validate_hostname = _bool(o.get("tlsvalidatehostname", "false"), "tlsValidateHostname")
         subscription = None
         for key, option in (("subscription", "subscription"), ("predefinedsubscription", "predefinedSubscription")):
             if key in o:
@@ -226,6 +234,7 @@ class SourceOptions:
             auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
             tls_trust_certs_file_path=str(o["tlstrustcertsfilepath"]) if o.get("tlstrustcertsfilepath") else None,
             tls_allow_insecure_connection=insecure,
+            tls_validate_hostname=validate_hostname,
             subscription=subscription,
             fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),
         )
@@ -239,7 +248,38 @@ class SourceOptions:
             kw["tls_trust_certs_file_path"] = self.tls_trust_certs_file_path
         if self.tls_allow_insecure_connection:
             kw["tls_allow_insecure_connection"] = True
+        if self.tls_validate_hostname:
+            kw["tls_validate_hostname"] = True
         return kw
+
+    def settings(self) -> BrokerSettings:
+        """The connection options as :class:`txn.settings.BrokerSettings` (what the sink and the
+        runtime take)."""
+        tok, tok_file = self.auth_token, None
+        if tok and tok.startswith("file://"):
+            tok, tok_file = None, tok[len("file://"):]
+        return BrokerSettings(
+            service_url=self.service_url, admin_url=self.admin_url, auth_token=tok, auth_token_file=tok_file,
+            tls_trust_certs_file_path=self.tls_trust_certs_file_path,
+            tls_validate_hostname=self.tls_validate_hostname,
+            tls_allow_insecure_connection=self.tls_allow_insecure_connection)
+
+
+#: The source's option aliases (lower case): StreamNative's names, and ``topic`` for one topic.
+SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
+    **CONNECTION_ALIASES,
+    "topics": ("topic",),
+    "polltimeoutms": ("pooltimeoutms",),
+}
+
+
+def _source_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Lower-case option names with the aliases folded in (:class:`OptionConflict` on a clash)."""
+    o = lower_options(options)
+    single = o.get("topic")
+    if single is not None and "," in str(single):
+        raise OptionError(f"option topic names one topic, got {single!r}; use topics for a comma-separated list")
+    return resolve_aliases(o, SOURCE_ALIASES)
 
 
 def _bool(value: Any, option: str) -> bool:

@@ -16,7 +16,14 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from spark_jobs.sink import PulsarTxnDataSource, PulsarTxnStreamWriter, PulsarTxnWriter, SinkOptions
+from spark_jobs.sink import (
+    PulsarTxnArrowWriter,
+    PulsarTxnDataSource,
+    PulsarTxnStreamArrowWriter,
+    PulsarTxnStreamWriter,
+    PulsarTxnWriter,
+    SinkOptions,
+)
 
 
 @dataclass(frozen=True)
@@ -66,17 +73,27 @@ class FaultyStreamWriter(_Faulty, PulsarTxnStreamWriter):
     pass
 
 
+class FaultyArrowWriter(_Faulty, PulsarTxnArrowWriter):
+    pass
+
+
+class FaultyStreamArrowWriter(_Faulty, PulsarTxnStreamArrowWriter):
+    pass
+
+
 class FaultySink(PulsarTxnDataSource):
     @classmethod
     def name(cls) -> str:
         return "pulsar-txn-faulty"
 
-    def writer(self, schema: Any, overwrite: bool) -> FaultyWriter:
-        w = FaultyWriter(SinkOptions.parse(self.options), schema)
+    def writer(self, schema: Any, overwrite: bool) -> PulsarTxnWriter:
+        opts = SinkOptions.parse(self.options)
+        w = (FaultyArrowWriter if opts.writer == "arrow" else FaultyWriter)(opts, schema)
         w.fault = _fault(self.options)
         return w
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> FaultyStreamWriter:  # noqa: N802
-        w = FaultyStreamWriter(SinkOptions.parse(self.options), schema)
+    def streamWriter(self, schema: Any, overwrite: bool) -> PulsarTxnStreamWriter:  # noqa: N802
+        opts = SinkOptions.parse(self.options)
+        w = (FaultyStreamArrowWriter if opts.writer == "arrow" else FaultyStreamWriter)(opts, schema)
         w.fault = _fault(self.options)
         return w

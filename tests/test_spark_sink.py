@@ -51,6 +51,8 @@ from peer import SENTINEL_PROP, assert_nothing, read_until_sentinel  # noqa: E40
 
 MASTER = "local[2,4]"
 HERE = Path(__file__).resolve().parent
+#: The sink's two task-side write paths (option ``writer``): both must keep every guarantee.
+WRITERS = ["arrow", "rows"]
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -175,6 +177,22 @@ def numbered_df(spark: SparkSession, n: int, parts: int = 4, value_udf=None):  #
     )
 
 
+def arrow_batches(rows: list[dict], size: int = 64) -> list:  # noqa: ANN001
+    """``rows`` (value, key, properties dicts) as Arrow record batches of ``size`` rows, as the
+    Arrow writer receives them."""
+    import pyarrow as pa
+
+    schema = pa.schema([("value", pa.binary()), ("key", pa.string()),
+                        ("properties", pa.map_(pa.string(), pa.string()))])
+    return [pa.RecordBatch.from_pylist([{**r, "properties": list(r["properties"].items())} for r in rows[i:i + size]],
+                                       schema=schema) for i in range(0, len(rows), size)]
+
+
+def task_input(rows: list[dict], writer: str) -> list:
+    """What ``write_partition`` gets on the ``writer`` path."""
+    return arrow_batches(rows) if writer == "arrow" else list(rows)
+
+
 def expected_rows(ids) -> Counter:  # noqa: ANN001
     return Counter(
         (None if i % 4 == 0 else f"k{i % 5}", f"v{i}".encode(),
@@ -186,7 +204,8 @@ def expected_rows(ids) -> Counter:  # noqa: ANN001
 # -------------------------------------------------------------------------------- batch
 
 
-def test_batch_write_two_topics_invisible_until_commit(spark, broker, peer, names) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("writer", WRITERS)
+def test_batch_write_two_topics_invisible_until_commit(spark, broker, peer, names, writer: str) -> None:  # noqa: ANN001
     """N rows split over the default topic and a 2-partition override topic; a slow partition
     keeps the write open while the other partitions' rows are stored: nothing is visible until
     the commit, then exactly N rows, and the ledger has the COMMITTED record with the counts."""
@@ -208,7 +227,8 @@ def test_batch_write_two_topics_invisible_until_commit(spark, broker, peer, name
         try:
             # a new thread has no active session on the JVM side, where registered data sources live
             spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-            df.write.format("pulsar-txn").mode("append").options(**sink_options(broker, topic_a, names.job)).save()
+            df.write.format("pulsar-txn").mode("append").options(
+                **sink_options(broker, topic_a, names.job, writer=writer)).save()
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -266,9 +286,10 @@ def test_failing_job_leaves_nothing(spark, broker, peer, names) -> None:  # noqa
     assert [r.kind for r in recs] == ["STARTED", "ABORTED"]
 
 
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize(("mode", "batch_rows", "stored"), [("raise", 16, 48), ("kill", 16, 48), ("raise", 1, 41)])
 def test_task_fails_mid_write_then_retries_exactly_once(  # noqa: ANN001
-        spark, broker, peer, names, mode: str, batch_rows: int, stored: int) -> None:
+        spark, broker, peer, names, mode: str, batch_rows: int, stored: int, writer: str) -> None:
     """Attempt 0 of partition 2 (100 rows) fails once row 40 is stored: it raises, or its Python
     worker is SIGKILLed. Rows go out in deterministic batches of ``batch_rows``: with 16, row 40
     is in the third batch (rows 32..47), so the attempt stored 48 rows; with 1 (a message per
@@ -277,7 +298,7 @@ def test_task_fails_mid_write_then_retries_exactly_once(  # noqa: ANN001
     n = 400
     topic = names()
     opts = sink_options(broker, topic, names.job, fault_mode=mode, fault_partition=2, fault_after=40,
-                        batch_max_rows=batch_rows)
+                        batch_max_rows=batch_rows, writer=writer)
     numbered_df(spark, n).write.format("pulsar-txn-faulty").mode("append").options(**opts).save()
     assert as_rows(read_topic(peer, topic)) == expected_rows(range(n))
     (rec,) = committed(ledger(broker, default_ledger_topic(topic), names.job))
@@ -312,7 +333,8 @@ def test_udf_fails_on_first_attempt_streaming_order(spark, broker, peer, names) 
     print(f"\nUDF retry: duplicates dropped by the broker: {rec.config['duplicates_dropped']}")
 
 
-def test_concurrent_attempts_of_one_task(broker, peer, names) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("second_writer", WRITERS)
+def test_concurrent_attempts_of_one_task(broker, peer, names, second_writer: str) -> None:  # noqa: ANN001
     """What speculation does, without Spark's scheduler: two attempts of one partition run at
     once, the second with the rows in another order. The second waits for the first's lease,
     then re-sends everything as duplicates; and when the first dies mid-write, the second
@@ -338,7 +360,9 @@ def test_concurrent_attempts_of_one_task(broker, peer, names) -> None:  # noqa: 
 
         first = asyncio.ensure_future(write_partition(plan0, list(rows), slow_hook))
         await asyncio.wait_for(stored.wait(), 30)
-        second = asyncio.ensure_future(write_partition(replace(plan0, attempt=1), list(reversed(rows))))
+        second = asyncio.ensure_future(write_partition(replace(plan0, attempt=1),
+                                                       task_input(list(reversed(rows)), second_writer),
+                                                       arrow=second_writer == "arrow"))
         await asyncio.sleep(1)
         assert not second.done()  # waiting for the first attempt's lease
         if kill_first:
@@ -358,12 +382,16 @@ def test_concurrent_attempts_of_one_task(broker, peer, names) -> None:  # noqa: 
     assert as_rows(read_topic(peer, topic)) == expected_rows(range(n)) + expected_rows(range(n))
 
 
-def test_batches_cut_by_size_are_the_same_in_every_attempt(broker, peer, names) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("first", "second"), [("rows", "rows"), ("arrow", "arrow"), ("rows", "arrow"),
+                                               ("arrow", "rows")])
+def test_batches_cut_by_size_are_the_same_in_every_attempt(  # noqa: ANN001
+        broker, peer, names, first: str, second: str) -> None:
     """Rows of varying size (up to ~1 KB), batches cut by ``batch_max_bytes`` (4000) before
     ``batch_max_rows``: attempt 0 fails once row 150 is stored; attempt 1 gets the rows in another
     order. It sorts them the same way, so it cuts the same batches: the broker drops exactly what
     attempt 0 stored (the whole batches up to the one holding row 150, counted by the broker) and
-    stores the rest. Exactly once after the commit."""
+    stores the rest. Exactly once after the commit. The two attempts may take different write
+    paths (rows or Arrow batches): both cut the same batches."""
     n = 400
     topic = names()
     rows = [{"value": f"v{i}".encode() + b"x" * (i % 97 * 10), "key": None if i % 4 == 0 else f"k{i % 5}",
@@ -381,11 +409,11 @@ def test_batches_cut_by_size_are_the_same_in_every_attempt(broker, peer, names) 
                 raise RuntimeError("attempt 0 fails")
 
         with pytest.raises(RuntimeError, match="attempt 0 fails"):
-            await write_partition(plan0, list(rows), fail_at_150)
+            await write_partition(plan0, task_input(rows, first), fail_at_150, arrow=first == "arrow")
         stored = msg_in_counter(broker, topic)
         shuffled = list(rows)
         random.Random(7).shuffle(shuffled)
-        r1 = await write_partition(replace(plan0, attempt=1), shuffled)
+        r1 = await write_partition(replace(plan0, attempt=1), task_input(shuffled, second), arrow=second == "arrow")
         assert r1.rows == n
         rec = LedgerRecord(kind="COMMITTED", job=names.job, batch_id=f"{names.job}:{txn_id}", outputs=r1.counts)
         assert (await commit_transaction(broker.service_url, txn_id, 60000, ledger_topic, rec)).committed
@@ -452,8 +480,10 @@ def _run_available(start) -> tuple[object, list[int]]:  # noqa: ANN001
     return q, sorted({p["batchId"] for p in q.recentProgress})
 
 
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("path", ["writeStream", "foreachBatch"])
-def test_streaming_exactly_once_across_replay(spark, broker, peer, names, tmp_path, path: str) -> None:  # noqa: ANN001
+def test_streaming_exactly_once_across_replay(  # noqa: ANN001
+        spark, broker, peer, names, tmp_path, path: str, writer: str) -> None:
     """Micro-batches of 2 files x 40 rows; after the run, the last batch's entry in the
     checkpoint's commit log is deleted (the driver died after the sink committed it), so the
     restarted query replays it: the sink recognises it from its marker and nothing repeats."""
@@ -462,7 +492,7 @@ def test_streaming_exactly_once_across_replay(spark, broker, peer, names, tmp_pa
     for f in range(6):
         _write_json(src, f"f{f}.json", range(f * 40, f * 40 + 40))
     topic = names()
-    opts = sink_options(broker, topic, names.job, txn_timeout_ms=30000)
+    opts = sink_options(broker, topic, names.job, txn_timeout_ms=30000, writer=writer)
     query_id = f"fb-{uuid.uuid4().hex[:8]}"
 
     def start():  # noqa: ANN202
@@ -496,7 +526,8 @@ def test_streaming_exactly_once_across_replay(spark, broker, peer, names, tmp_pa
     print(f"\n{path}: 5 micro-batches (one a replay) in {time.monotonic() - t0:.1f}s; 320 rows exactly once")
 
 
-def test_failed_micro_batch_is_aborted(spark, broker, peer, names, tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("writer", WRITERS)
+def test_failed_micro_batch_is_aborted(spark, broker, peer, names, tmp_path, writer: str) -> None:  # noqa: ANN001
     """A micro-batch whose only task fails on every attempt once row 10 is stored: the query
     fails, and although no task reported its transaction id, the sink aborts the batch's
     transaction at once (found from its STARTED record) instead of leaving it open until its
@@ -506,7 +537,7 @@ def test_failed_micro_batch_is_aborted(spark, broker, peer, names, tmp_path) -> 
     _write_json(src, "f0.json", range(0, 40))
     topic = names()
     opts = sink_options(broker, topic, names.job, txn_timeout_ms=300000, fault_mode="raise", fault_partition=0,
-                        fault_attempt=-1, fault_after=9)
+                        fault_attempt=-1, fault_after=9, writer=writer)
     q = (_stream_df(spark, src).writeStream.format("pulsar-txn-faulty").options(**opts)
          .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
     with pytest.raises(Exception, match="injected failure after 10 rows"):

@@ -1,0 +1,122 @@
+"""Option handling shared by the ``pulsar`` source, the ``pulsar-txn`` sink and the runtime.
+
+Spark hands a data source its options as a case-insensitive string map. Two things are common
+to every face of ``spark_jobs``:
+
+- **aliases**: users arrive with option names from other Pulsar connectors (StreamNative's
+  ``service.url``, ``admin.url``; ``topic`` for one topic on read). :func:`resolve_aliases`
+  folds them into our canonical names and raises :class:`OptionConflict` when an alias and its
+  canonical name are both given with different values (never a silent pick);
+- **connection security**: ``authToken`` (a token, or ``file:///path`` to a file holding one,
+  read at each connect), ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection`` and
+  ``tlsValidateHostname``. :func:`broker_settings` turns them, with the URLs, into a
+  :class:`txn.settings.BrokerSettings`, whose ``client_kwargs()`` and ``admin_kwargs()`` every
+  client and admin call of the source, the sink and the runtime use. ``BrokerSettings`` is a
+  frozen dataclass: it pickles into Spark tasks as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from txn.settings import BrokerSettings, SettingsError
+
+__all__ = [
+    "CONNECTION_ALIASES",
+    "SECURITY_OPTIONS",
+    "OptionConflict",
+    "OptionError",
+    "broker_settings",
+    "lower_options",
+    "parse_bool",
+    "resolve_aliases",
+]
+
+#: Canonical (lower-case) option name -> the other names accepted for it, on every face.
+CONNECTION_ALIASES: dict[str, tuple[str, ...]] = {
+    "service_url": ("service.url", "serviceurl"),
+    "admin_url": ("admin.url", "adminurl"),
+}
+
+#: The security options, as users write them (Spark matches them case-insensitively).
+SECURITY_OPTIONS = ("authToken", "tlsTrustCertsFilePath", "tlsAllowInsecureConnection", "tlsValidateHostname")
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class OptionError(ValueError):
+    """An option of a ``spark_jobs`` data source is missing, malformed or contradicts another."""
+
+
+class OptionConflict(OptionError):
+    """Two names for one option (an alias and its canonical name) were given different values."""
+
+    def __init__(self, option: str, given: Mapping[str, str]) -> None:
+        self.option = option
+        self.given = dict(given)
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.given.items())
+        super().__init__(f"option {option} is given under several names with different values ({shown}); "
+                         f"give it once")
+
+
+def lower_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Spark's options with lower-case names and ``None`` values dropped."""
+    return {str(k).lower(): v for k, v in dict(options or {}).items() if v is not None}
+
+
+def resolve_aliases(o: dict[str, Any], aliases: Mapping[str, Iterable[str]]) -> dict[str, Any]:
+    """Fold aliases into their canonical names in ``o`` (lower-case names, changed in place and
+    returned); :class:`OptionConflict` when names of one option carry different values."""
+    for canonical, names in aliases.items():
+        given = {n: o[n] for n in (canonical, *names) if n in o}
+        if not given:
+            continue
+        values = {str(v).strip() for v in given.values()}
+        if len(values) > 1:
+            raise OptionConflict(canonical, {k: str(v) for k, v in given.items()})
+        for n in names:
+            o.pop(n, None)
+        o[canonical] = next(iter(given.values()))
+    return o
+
+
+def parse_bool(value: Any, option: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off) -> bool, else :class:`OptionError`."""
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise OptionError(f"option {option} must be true or false, got {value!r}")
+
+
+def broker_settings(o: Mapping[str, Any], who: str = "spark_jobs") -> BrokerSettings:
+    """The connection settings in options ``o`` (lower-case names, aliases resolved).
+
+    ``service_url`` is required; ``authToken`` is a token or ``file:///path``.
+    Raises :class:`OptionError` naming the option.
+    """
+    url = str(o.get("service_url") or "").strip()
+    if not url:
+        raise OptionError(f"the {who} needs the option service_url (alias service.url), "
+                          "e.g. pulsar://127.0.0.1:6650")
+    admin = str(o.get("admin_url") or "").strip().rstrip("/") or None
+    token = str(o.get("authtoken") or "").strip() or None
+    token_file = None
+    if token and token.startswith("file://"):
+        token_file, token = token[len("file://"):], None
+    try:
+        return BrokerSettings(
+            service_url=url,
+            admin_url=admin,
+            auth_token=token,
+            auth_token_file=token_file,
+            tls_trust_certs_file_path=str(o.get("tlstrustcertsfilepath") or "").strip() or None,
+            tls_validate_hostname=parse_bool(o.get("tlsvalidatehostname", "false"), "tlsValidateHostname"),
+            tls_allow_insecure_connection=parse_bool(o.get("tlsallowinsecureconnection", "false"),
+                                                     "tlsAllowInsecureConnection"),
+        )
+    except SettingsError as exc:
+        raise OptionError(f"the {who}'s connection options: {exc}") from None
