@@ -1,0 +1,179 @@
+"""Conventions users bring from other connectors: option aliases, the sink's ``event_time`` and
+extra columns, and the Python interpreter Spark starts for its workers.
+
+Option parsing is checked without Spark; the sink's columns against the real broker (read back
+with the official client); the worker check in a child process run by the venv's interpreter
+with a ``PATH`` that does not lead to the venv (what running ``.venv/bin/python job.py`` without
+activating the venv does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pulsar
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from pyspark.sql import functions as F  # noqa: E402
+
+from spark_jobs.options import OptionConflict, OptionError  # noqa: E402
+from spark_jobs.sink import ExtraColumnsError, SinkOptions  # noqa: E402
+from spark_jobs.source import SourceOptions  # noqa: E402
+from txn.admin import create_namespace, enable_namespace_dedup  # noqa: E402
+
+from peer import read_n  # noqa: E402
+from spark_session import spark  # noqa: E402, F401
+
+URL = "pulsar://127.0.0.1:6650"
+ADMIN = "http://127.0.0.1:8080"
+
+
+# ---------------------------------------------------------------------------- aliases
+
+
+def test_source_accepts_streamnative_names() -> None:
+    o = SourceOptions.parse({"service.url": URL, "admin.url": ADMIN + "/", "topic": "orders", "poolTimeoutMs": "5000"})
+    assert o.service_url == URL and o.admin_url == ADMIN
+    assert o.topics == ("persistent://public/default/orders",)
+    assert o.poll_timeout_ms == 5000
+    same = SourceOptions.parse({"service_url": URL, "service.url": URL, "topic": "orders", "topics": "orders"})
+    assert same.service_url == URL and same.topics == ("persistent://public/default/orders",)
+
+
+@pytest.mark.parametrize(("options", "option"), [
+    ({"service_url": URL, "service.url": "pulsar://other:6650", "topics": "a"}, "service_url"),
+    ({"service_url": URL, "admin_url": ADMIN, "ADMIN.URL": "http://other:8080", "topics": "a"}, "admin_url"),
+    ({"service_url": URL, "topic": "a", "topics": "b"}, "topics"),
+])
+def test_source_alias_conflict_is_a_typed_error(options: dict[str, str], option: str) -> None:
+    with pytest.raises(OptionConflict) as info:
+        SourceOptions.parse(options)
+    assert info.value.option == option
+    assert len(info.value.given) == 2 and "give it once" in str(info.value)
+
+
+def test_source_topic_is_one_topic() -> None:
+    with pytest.raises(OptionError, match="names one topic"):
+        SourceOptions.parse({"service.url": URL, "topic": "a,b"})
+
+
+def test_sink_accepts_aliases_and_security_options(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here\n")
+    o = SinkOptions.parse({"service.url": URL, "admin.url": ADMIN, "topic": "out", "authToken": "file:///tok",
+                           "tlsTrustCertsFilePath": str(ca), "tlsAllowInsecureConnection": "true"})
+    assert o.service_url == URL and o.admin_url == ADMIN
+    s = o.settings
+    assert s is not None and s.auth_token_file == "/tok" and s.auth_token is None
+    assert s.tls_trust_certs_file_path == str(ca) and s.tls_allow_insecure_connection
+    assert o.writer == "arrow" and o.extra_columns == "error"
+    with pytest.raises(OptionConflict):
+        SinkOptions.parse({"service_url": URL, "serviceUrl": "pulsar://x:6650", "topic": "out"})
+    with pytest.raises(Exception, match="extraColumns must be error or ignore"):
+        SinkOptions.parse({"service_url": URL, "topic": "out", "extraColumns": "drop"})
+    with pytest.raises(Exception, match="writer must be arrow or rows"):
+        SinkOptions.parse({"service_url": URL, "topic": "out", "writer": "pandas"})
+
+
+# ------------------------------------------------------------------- sink: columns
+
+
+@pytest.fixture(scope="module")
+def dedup_ns(broker) -> str:  # noqa: ANN001
+    ns = f"public/spark-conv-{uuid.uuid4().hex[:8]}"
+    create_namespace(broker.admin_url, ns)
+    enable_namespace_dedup(broker.admin_url, ns)
+    return ns
+
+
+def _df(session, n: int = 6):  # noqa: ANN001, ANN202
+    """value, key, event_time (row i: 2024-01-01 + i seconds + 7 ms; null for i == 0), note."""
+    base = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    rows = [(f"v{i}".encode(), f"k{i}", None if i == 0 else base + dt.timedelta(seconds=i, milliseconds=7), f"n{i}")
+            for i in range(n)]
+    return session.createDataFrame(rows, "value binary, key string, event_time timestamp, note string")
+
+
+def _expected_event_ms(i: int) -> int:
+    return 0 if i == 0 else int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp() * 1000) + i * 1000 + 7
+
+
+@pytest.mark.parametrize("writer", ["arrow", "rows"])
+def test_sink_event_time_and_extra_columns(spark, broker, dedup_ns, unique_name, writer: str) -> None:  # noqa: ANN001, F811
+    """Extra columns are refused by default (the error lists them and nothing is written); with
+    ``extraColumns=ignore`` they are dropped and ``event_time`` lands on each message (0 = unset
+    for the null one). Options given by StreamNative's names."""
+    topic = f"persistent://{dedup_ns}/{unique_name('ev')}"
+    opts = {"service.url": broker.service_url, "admin.url": broker.admin_url, "topic": topic,
+            "job": unique_name("job"), "writer": writer}
+    with pytest.raises(Exception, match=r"also has \['note'\]") as info:
+        _df(spark).write.format("pulsar-txn").mode("append").options(**opts).save()
+    assert ExtraColumnsError.__name__ in str(info.value) or "extraColumns=ignore" in str(info.value)
+    _df(spark).write.format("pulsar-txn").mode("append").options(**opts, extraColumns="ignore").save()
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        c = client.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+        got = {m.data(): (m.partition_key(), m.event_timestamp(), m.properties()) for m in read_n(c, 6)}
+    finally:
+        client.close()
+    assert got == {f"v{i}".encode(): (f"k{i}", _expected_event_ms(i), {}) for i in range(6)}
+
+
+def test_sink_refuses_a_bad_event_time_type(spark, broker, dedup_ns, unique_name) -> None:  # noqa: ANN001, F811
+    topic = f"persistent://{dedup_ns}/{unique_name('ev')}"
+    df = spark.range(2).select(F.col("id").cast("string").cast("binary").alias("value"), F.lit("x").alias("event_time"))
+    with pytest.raises(Exception, match="column 'event_time' must be a timestamp"):
+        df.write.format("pulsar-txn").mode("append").option("service_url", broker.service_url) \
+            .option("topic", topic).save()
+
+
+# ------------------------------------------------------------------ worker python
+
+#: Run by the venv's interpreter: register, then run a Python task that imports txn.
+WORKER_SCRIPT = r"""
+import sys
+from pyspark.sql import SparkSession
+import spark_jobs
+spark = (SparkSession.builder.master("local[1]").appName("worker-python").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+try:
+    spark_jobs.register(spark)
+    print("registered")
+    print("task:", spark.sparkContext.parallelize([1], 1).map(lambda _: __import__("txn").__name__).collect())
+finally:
+    spark.stop()
+"""
+
+
+def _env_without_venv() -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+    return env
+
+
+def test_register_names_a_worker_python_that_cannot_import_the_project(tmp_path: Path) -> None:
+    env = _env_without_venv()
+    probe = subprocess.run(["python3", "-c", "import txn"], env=env, capture_output=True, text=True)
+    if probe.returncode == 0:
+        pytest.skip("python3 on PATH imports txn here: nothing to detect")
+    script = tmp_path / "job.py"
+    script.write_text(WORKER_SCRIPT)
+    bad = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "registered" not in bad.stdout
+    (line,) = [ln for ln in bad.stderr.splitlines() if ln.startswith("spark_jobs.WorkerPythonError: ")]
+    assert "Spark's Python workers run 'python3'" in line and "cannot import the project" in line
+    assert f"set PYSPARK_PYTHON={sys.executable}" in line
+    good = subprocess.run([sys.executable, str(script)], env={**env, "PYSPARK_PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert "registered" in good.stdout and "task: ['txn']" in good.stdout
