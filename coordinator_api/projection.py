@@ -229,7 +229,7 @@ def _batch_row(topic: str, recs: list[tuple[LedgerRecord, Any]]) -> dict[str, An
     return {
         "batch_id": decider.batch_id, "job": decider.job, "status": decider.kind,
         "attempts": max(r.attempt for r in records), "txn_id": decider.txn_id,
-        "inputs": sum(len(v) for v in decider.inputs.values()), "outputs": outputs,
+        "inputs": decider.input_count, "outputs": outputs,
         "started_at_ms": started, "ended_at_ms": ended,
         "duration_ms": None if ended is None else max(0, ended - started),
         "error": errors[-1] if errors else None, "ledger_topic": topic, "parked_topic": parked,

@@ -38,6 +38,9 @@ from txn.topic import parse_topic
 from .compat import check_pyspark
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
+#: ``run_job`` modes: executors read, transform and write (default), or all of it in the driver.
+DISTRIBUTED = "distributed"
+DRIVER = "driver"
 
 _UTC = dt.UTC
 
@@ -126,6 +129,33 @@ class SparkProcessor(AsyncProcessor):
         return super()._record_config().updated(runtime="spark", transform=self.config.handler_spec)
 
 
+def _run_distributed(spark: Any, service_url: str, fn: Transform, conf: ProcessorConfig, admin_url: str | None,
+                     progress: TextIO | None, max_batches: int | None, idle_exit_ms: int | None,
+                     options: dict[str, Any]) -> ProcessorStats:
+    import signal
+    import threading
+
+    from .runtime_driver import DistributedRuntime
+
+    rt = DistributedRuntime(spark, service_url, fn, conf, admin_url=admin_url, progress=progress, **options)
+    job = conf.job
+    if progress is not None:
+        rt.on_commit = lambda b, t, n, counts, ms: print(
+            f"[{job}] batch {b} txn {t} committed: rows in={n} out={sum(counts.values())} commit={ms:.0f} ms",
+            file=progress, flush=True)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: rt.stop())
+    try:
+        rt.start()
+        return rt.run(max_batches=max_batches, idle_exit_ms=idle_exit_ms)
+    finally:
+        rt.close()
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
 def _unused_handler(message: Message) -> None:  # pragma: no cover - SparkProcessor overrides _transform
     raise RuntimeError("SparkProcessor transforms DataFrames, not single messages")
 
@@ -144,18 +174,34 @@ def run_job(
     max_batches: int | None = None,
     idle_exit_ms: int | None = None,
     progress: TextIO | None = sys.stderr,
+    mode: str = DISTRIBUTED,
+    admin_url: str | None = None,
+    runtime_options: dict[str, Any] | None = None,
     **config: Any,
 ) -> ProcessorStats:
     """Run a Spark exactly-once job until stopped (or ``max_batches`` / ``idle_exit_ms``).
 
+    ``mode``: ``"distributed"`` (the default; :mod:`spark_jobs.runtime_driver`: executors read,
+    transform and write, rows never reach the driver) or ``"driver"`` (the in-driver
+    :class:`SparkProcessor`). ``admin_url`` lets the distributed runtime check broker
+    deduplication on the output (then a retried Spark write task is exact; without it a retried
+    write task fails the batch, which runs again). ``runtime_options``: further keywords of
+    :class:`spark_jobs.runtime_driver.DistributedRuntime` (``source_options`` for authentication
+    and TLS, ``poll_timeout_ms``, ``deterministic_order``).
+
     Raises :class:`spark_jobs.compat.UnsupportedPySparkError` first when the installed pyspark is
     outside the tested range."""
     check_pyspark()
+    if mode not in (DISTRIBUTED, DRIVER):
+        raise ValueError(f"mode must be {DISTRIBUTED!r} or {DRIVER!r}, got {mode!r}")
     spec = transform if isinstance(transform, str) else None
     fn = load_handler(transform) if isinstance(transform, str) else transform
     conf = ProcessorConfig(inputs=inputs, output=output, subscription=subscription, job=job,
                            batch_max_messages=batch_max_messages, batch_max_delay_ms=batch_max_delay_ms,
                            handler_spec=spec, **config)
+    if mode == DISTRIBUTED:
+        return _run_distributed(spark, service_url, fn, conf, admin_url, progress, max_batches, idle_exit_ms,
+                                runtime_options or {})
 
     async def main() -> ProcessorStats:
         async with AsyncClient(service_url) as client:

@@ -9,6 +9,10 @@ Every batch a processor handles leaves records here:
 - ``PARKED``: written inside the transaction that moves poison messages to the parking topic;
 - ``REPLAYED``: written inside the transaction that replays a parked batch.
 
+A record names its inputs by id per topic (``inputs``) or, for the distributed Spark runtime's
+batches, by one message-id range per partition (``input_ranges``: the record stays small however
+large the batch); readers take both (:attr:`LedgerRecord.input_count`).
+
 The topic is the source of truth; the control plane projects it into SQL. Records are keyed
 by batch id (the message key), so a compacted view keeps the last record of each batch.
 
@@ -149,6 +153,19 @@ def _ids_per_topic(name: str, value: Any) -> None:
             _text(f"{name} (message id)", i, MAX_ID)
 
 
+def _ranges_per_partition(name: str, value: Any) -> None:
+    """``{topic partition: {"after": "L:E", "to": "L:E", "count": n}}`` within the bounds."""
+    if not isinstance(value, dict) or len(value) > MAX_TOPICS:
+        raise _fail(name, f"an object of at most {MAX_TOPICS} topic partitions", value)
+    for topic, r in value.items():
+        _text(f"{name} (topic)", topic, MAX_TOPIC)
+        if not isinstance(r, dict) or set(r) != {"after", "to", "count"}:
+            raise _fail(name, 'an object of {"after", "to", "count"} ranges', r)
+        _text(f"{name} (after)", r["after"], MAX_ID)
+        _text(f"{name} (to)", r["to"], MAX_ID)
+        _int(f"{name} (count)", r["count"], 0, MAX_INT)
+
+
 def validate(rec: LedgerRecord) -> None:
     """Check every field's type and bounds; raises :class:`LedgerSchemaError`."""
     if rec.kind not in KINDS:
@@ -164,6 +181,7 @@ def validate(rec: LedgerRecord) -> None:
     _text("replay_of", rec.replay_of, MAX_BATCH_ID, optional=True)
     _ids_per_topic("inputs", rec.inputs)
     _ids_per_topic("duplicates", rec.duplicates)
+    _ranges_per_partition("input_ranges", rec.input_ranges)
     if not isinstance(rec.outputs, dict) or len(rec.outputs) > MAX_TOPICS:
         raise _fail("outputs", f"an object of at most {MAX_TOPICS} topics", rec.outputs)
     for topic, n in rec.outputs.items():
@@ -341,6 +359,11 @@ class LedgerRecord:
     #: Inputs acknowledged in this transaction without output because the ledger already showed
     #: them committed (acknowledgements the broker lost; see ``txn.delivery.ledger_guard``).
     duplicates: dict[str, list[str]] = field(default_factory=dict)
+    #: The range form of the inputs, for batches too large to list every id (the distributed Spark
+    #: runtime): ``{topic partition: {"after": "L:E", "to": "L:E", "count": n}}``, the entries after
+    #: ``after`` (exclusive; entry ``-1`` is before a ledger's first) up to ``to`` (inclusive), all
+    #: acknowledged cumulatively in the record's transaction. Left out of the JSON when empty.
+    input_ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, Kind):
@@ -349,6 +372,14 @@ class LedgerRecord:
             self.kind = Kind(self.kind)
         if isinstance(self.config, Mapping) and not isinstance(self.config, RecordConfig):
             self.config = RecordConfig.from_dict(self.config)
+
+    @property
+    def input_count(self) -> int:
+        """How many inputs the record covers: its listed ids, plus the counts of its ranges on
+        partitions whose ids it does not list (a PARKED record has both forms)."""
+        return sum(len(v) for v in self.inputs.values()) + sum(
+            int(r.get("count", 0)) for n, r in self.input_ranges.items()
+            if isinstance(r, dict) and n not in self.inputs)
 
     @property
     def duration_ms(self) -> int | None:
@@ -364,6 +395,8 @@ class LedgerRecord:
         """Serialise (compact JSON, keys sorted); an error longer than ``MAX_ERROR`` is cut there."""
         d = {name: getattr(self, name) for name in _FIELDS}
         d["kind"] = str(self.kind)
+        if not self.input_ranges:
+            del d["input_ranges"]  # the id form's JSON stays what it always was
         if isinstance(self.config, RecordConfig):
             d["config"] = self.config.to_dict()
         if isinstance(self.error, str) and len(self.error) > MAX_ERROR:

@@ -1,0 +1,399 @@
+"""The distributed runtime's driver: plan, run, acknowledge, commit; narrow and park what keeps failing.
+
+Each micro-batch (see :mod:`spark_jobs.runtime_plan` and :mod:`spark_jobs.runtime_batch`):
+
+1. the driver plans one message-id range per input partition with something new, from the job's
+   durable subscription (held with an Exclusive consumer per partition) and the partition's
+   last message id;
+2. it opens the batch's transaction (and writes a ``STARTED`` record, outside it);
+3. one Spark job reads the ranges on the executors, runs the transform and writes the result
+   into the transaction (each write task: deterministic producer names and batches);
+4. the driver acknowledges every range cumulatively up to the entry its read ended at, inside
+   the transaction, writes the ``COMMITTED`` record with the ranges (``input_ranges``: the record
+   does not grow with the batch), and commits.
+
+No row reaches the driver: it handles positions, the transaction and one summary row per write
+task.
+
+Failures. A Spark job that fails (the transform raised, a task failed for good) aborts the
+transaction (``ABORTED`` record) and the batch runs again, up to ``max_attempts``; then it is
+narrowed: the driver lists the batch's entries (positions and message counts, read by the
+executors), splits them in halves (by partition, then by entries) and runs each half the same way,
+in order, down to single entries. A single entry that still fails is parked: one transaction
+produces its messages to ``<topic><parking_suffix>`` with the processor's ``PARK_*`` properties,
+acknowledges the entry and writes a ``PARKED`` record (ids and range) under the batch's root id,
+so replay (control plane, CLI, library) works as for the processor. A batch entry of a batching
+producer is parked whole: the messages that share the poison message's entry are parked with it
+(a replay brings them back). A failure on the broker's side (opening, acknowledging,
+committing) aborts and re-plans from the subscription, without counting as an attempt.
+
+Crash safety. The outputs, the acknowledgements and the ``COMMITTED`` record commit together or
+not at all; a driver killed at any point leaves an open transaction (aborted at its timeout) or a
+committed batch, and the next driver plans from the subscription's cursor. A second driver
+waits for the subscription (Exclusive) until the first one's connection is gone; a zombie that
+comes back finds its acknowledgements refused (the broker's conflict check: a cumulative
+acknowledgement at or before the cursor, or while another transaction holds one), so its
+transaction cannot commit. With ``ledger_guard`` the driver also starts from the furthest range
+the ledger shows committed, should the broker have lost a committed cursor position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import txn
+from txn.delivery.batch_ids import narrowed_batch_id, processor_batch_id
+from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, ensure_ledger_retained, now_ms
+from txn.delivery.ledger_reader import read_records
+from txn.delivery.processor import (
+    PARK_ATTEMPTS,
+    PARK_BATCH,
+    PARK_ERROR,
+    PARK_JOB,
+    PARK_PROPS,
+    PARK_SOURCE_ID,
+    PARK_SOURCE_TOPIC,
+    ProcessorConfig,
+    ProcessorStats,
+)
+from txn.errors import PulsarError, TransactionError
+from txn.topic import parse_topic
+
+from .runtime_batch import BatchResult, TransformError, WriteConfig, list_entries, read_messages, run_batch
+from .runtime_plan import Entry, Range, ReadEnd, cursor_and_last, entry_text, parse_entry, plan, record_ranges
+from .sink_runtime import deduplication_enabled
+from .source import SourceOptions, TopicPartition, _Pulsar
+
+log = logging.getLogger("spark_jobs.runtime")
+
+#: Test hook: ``kill_before_runtime_commit:<n>`` / ``kill_after_runtime_commit:<n>`` SIGKILLs the
+#: driver's process group right before / after the commit of its ``n``-th batch (from 1).
+FAULT_ENV = "PULSAR_TXN_FAULT"
+_EARLIEST: Entry = (-1, -1)
+
+
+class _Transient(Exception):
+    """A broker-side failure: the batch is planned again from the subscription."""
+
+
+class _Failed(Exception):
+    """The batch's own failure (its Spark job): counts towards ``max_attempts``."""
+
+
+class DistributedRuntime:
+    """The distributed micro-batch loop (see the module docs)."""
+
+    def __init__(self, spark: Any, service_url: str, transform: Callable[[Any], Any], config: ProcessorConfig, *,
+                 admin_url: str | None = None, progress: TextIO | None = None,
+                 source_options: dict[str, str] | None = None, poll_timeout_ms: int = 60000,
+                 deterministic_order: bool = True, write_fail_dir: str | None = None) -> None:
+        self.spark, self.transform, self.config = spark, transform, config
+        self.service_url, self.admin_url, self.progress = service_url, admin_url, progress
+        self.opts = SourceOptions.parse({**(source_options or {}), "service_url": service_url,
+                                         "topics": ",".join(config.inputs)})
+        self.output = str(parse_topic(config.output))
+        self.ledger_topic = config.ledger_topic or default_ledger(self.output)
+        self.poll_ms = poll_timeout_ms
+        self.deterministic_order = deterministic_order
+        self.write_fail_dir = write_fail_dir
+        self.stats = ProcessorStats()
+        self.instance = uuid.uuid4().hex[:8]
+        self.seq = 0
+        self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
+        self._conn: _Pulsar | None = None
+        self._ledger: Any = None
+        self._parking: dict[str, Any] = {}
+        self._tps: dict[str, TopicPartition] = {}
+        self._after: dict[str, Entry] = {}
+        self._stopping = False
+        self.exact_retries = False
+
+    # -------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Hold the subscription on every input partition and find where the job stands."""
+        c = self.config
+        self._conn = conn = _Pulsar(self.opts)
+        self._tps = {tp.name: tp for tp in conn.resolve()}
+        conn.hold(c.subscription, sorted(self._tps))
+        self._ledger = conn.run(self._open_ledger())
+        if self.admin_url:
+            self.exact_retries = deduplication_enabled(self.admin_url, self.output)
+        for name, (mark, _) in self._positions().items():
+            self._after[name] = mark if mark is not None else _EARLIEST
+        if c.ledger_guard:
+            for name, to in conn.run(self._ledger_ends()).items():
+                if name in self._after and to > self._after[name]:
+                    log.warning("%s: the ledger shows %s committed but the subscription is at %s; starting after %s",
+                                name, entry_text(to), entry_text(self._after[name]), entry_text(to))
+                    self._after[name] = to
+
+    async def _open_ledger(self) -> Any:
+        assert self._conn is not None
+        await ensure_ledger_retained(self._conn.client, self.ledger_topic)
+        return await self._conn.client.create_producer(self.ledger_topic, batching_enabled=False)
+
+    async def _ledger_ends(self) -> dict[str, Entry]:
+        """The furthest range end per partition in this job's committing records."""
+        assert self._conn is not None
+        ends: dict[str, Entry] = {}
+        for r in await read_records(self._conn.client, self.ledger_topic):
+            if r.job != self.config.job or r.kind not in (Kind.COMMITTED, Kind.PARKED):
+                continue
+            for name, rng in r.input_ranges.items():
+                to = parse_entry(rng["to"])
+                if to > ends.get(name, _EARLIEST):
+                    ends[name] = to
+        return ends
+
+    def stop(self) -> None:
+        """Stop after the batch in flight."""
+        self._stopping = True
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    # ---------------------------------------------------------------------------- the loop
+
+    def run(self, max_batches: int | None = None, idle_exit_ms: int | None = None) -> ProcessorStats:
+        """Run batches until stopped, ``max_batches`` batches, or ``idle_exit_ms`` without input."""
+        c = self.config
+        idle_since = time.monotonic()
+        last_progress = time.monotonic()
+        done = 0
+        while not self._stopping and (max_batches is None or done < max_batches):
+            try:
+                ranges = self._plan()
+            except (PulsarError, OSError, TimeoutError) as exc:
+                log.warning("planning failed (%s); retrying", exc)
+                time.sleep(1.0)
+                continue
+            if not ranges:
+                if idle_exit_ms is not None and (time.monotonic() - idle_since) * 1000 >= idle_exit_ms:
+                    break
+                time.sleep(min(c.batch_max_delay_ms, 200) / 1000)
+                continue
+            self.seq += 1
+            bid = processor_batch_id(c.job, self.instance, self.seq)
+            try:
+                self._process(ranges, bid, bid)
+            except _Transient as exc:
+                self.stats.aborts += 1
+                log.warning("batch %s hit a broker-side failure (%s); planning again from the subscription", bid, exc)
+                time.sleep(0.5)
+                continue
+            done += 1
+            idle_since = time.monotonic()
+            if self.progress is not None and time.monotonic() - last_progress >= c.progress_interval_s:
+                last_progress = time.monotonic()
+                print(self.stats.line(c.job, 0), file=self.progress, flush=True)
+        return self.stats
+
+    def _positions(self) -> dict[str, tuple[Entry | None, Entry | None]]:
+        assert self._conn is not None
+        conn = self._conn
+        names = sorted(self._tps)
+
+        async def all_() -> list[tuple[Entry | None, Entry | None]]:
+            return await asyncio.gather(*(cursor_and_last(conn._held[n]) for n in names))  # noqa: SLF001
+
+        return dict(zip(names, conn.run(all_()), strict=True))
+
+    def _plan(self) -> list[Range]:
+        positions = {}
+        for name, (mark, last) in self._positions().items():
+            if mark is not None and mark > self._after.get(name, _EARLIEST):
+                self._after[name] = mark  # another driver (a zombie) committed: the cursor decides
+            tp = self._tps[name]
+            positions[name] = (tp.topic, tp.partition, self._after[name], last)
+        return plan(positions, self.config.batch_max_messages)
+
+    # ----------------------------------------------------------------------- one batch
+
+    def _process(self, ranges: list[Range], batch_id: str, root: str) -> None:
+        """Run ``ranges`` to a commit: retry, then narrow, then park (raises :class:`_Transient`)."""
+        c = self.config
+        failure: _Failed | None = None
+        for attempt in range(1, c.max_attempts + 1):
+            try:
+                self._attempt(ranges, batch_id, attempt)
+                return
+            except _Failed as exc:
+                self.stats.aborts += 1
+                failure = exc
+                log.warning("batch %s attempt %d failed: %s", batch_id, attempt, exc)
+        assert failure is not None
+        entries = list_entries(self.spark, self.opts, ranges, self.poll_ms)
+        parts = [(r, entries[r.name]) for r in ranges if entries.get(r.name)]
+        total = sum(len(es) for _, es in parts)
+        if total == 0:
+            return
+        if total == 1:
+            (r, [(entry, _)]), = parts
+            self._park(Range(r.name, r.topic, r.partition, r.after, entry), failure, c.max_attempts, root)
+            return
+        log.warning("batch %s failed %d times (%s); narrowing %d entries", batch_id, c.max_attempts, failure, total)
+        if len(parts) > 1:
+            k = len(parts) // 2
+            halves = [parts[:k], parts[k:]]
+        else:
+            r, es = parts[0]
+            k = len(es) // 2
+            halves = [[(r, es[:k])], [(Range(r.name, r.topic, r.partition, es[k - 1][0], r.to, r.cap), es[k:])]]
+        for i, half in enumerate(halves):
+            sub = [Range(r.name, r.topic, r.partition, r.after, es[-1][0]) for r, es in half]
+            self._process(sub, narrowed_batch_id(batch_id, i), root)
+
+    def _attempt(self, ranges: list[Range], batch_id: str, attempt: int) -> None:
+        c = self.config
+        conn = self._conn
+        assert conn is not None
+        started = now_ms()
+        t0 = time.monotonic()
+        try:
+            t = conn.run(conn.client.new_transaction(timeout_millis=c.txn_timeout_ms))
+        except PulsarError as exc:
+            raise _Transient(exc) from exc
+        self._record(LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
+                                  input_ranges=record_ranges(ranges, {r.name: ReadEnd(r.to, 0) for r in ranges}),
+                                  started_at_ms=started, config=self._record_config()))
+        cfg = WriteConfig(self.service_url, str(t.id), c.txn_timeout_ms, self.output, self.ledger_topic,
+                          self.exact_retries, self.deterministic_order)
+        try:
+            res = run_batch(self.spark, self.transform, self.opts, ranges, cfg, self.poll_ms, self.write_fail_dir)
+        except TransformError as exc:
+            self._abort(t, batch_id, attempt, started, str(exc))
+            raise _Failed(str(exc)) from exc
+        t1 = time.monotonic()
+        try:
+            conn.run(self._commit(t, ranges, res, batch_id, attempt, started))
+        except (PulsarError, TransactionError, OSError, TimeoutError) as exc:
+            self._abort(t, batch_id, attempt, started, f"{type(exc).__name__}: {exc}")
+            raise _Transient(exc) from exc
+        commit_ms = (time.monotonic() - t1) * 1000
+        for r in ranges:
+            self._after[r.name] = res.ends[r.name].to
+        _fault("kill_after_runtime_commit", self.seq)
+        self.stats.batches += 1
+        self.stats.messages += res.messages
+        self.stats.outputs += sum(res.outputs.values())
+        self.stats.commit_ms_total += commit_ms
+        log.info("batch %s committed in %s: %d in, %s out, %.0f ms (Spark %.0f ms)", batch_id, t.id, res.messages,
+                 res.outputs, (time.monotonic() - t0) * 1000, (t1 - t0) * 1000)
+        if self.on_commit is not None:
+            self.on_commit(batch_id, t.id, res.messages, dict(res.outputs), commit_ms)
+
+    async def _commit(self, t: Any, ranges: list[Range], res: BatchResult, batch_id: str, attempt: int,
+                      started: int) -> None:
+        """Acknowledge the ranges, write COMMITTED, commit: all in ``t``."""
+        assert self._conn is not None
+        held = self._conn._held  # noqa: SLF001
+        await asyncio.gather(*(held[r.name].acknowledge_cumulative(
+            txn.MessageId(*res.ends[r.name].to), t) for r in ranges))
+        rec = LedgerRecord(kind=Kind.COMMITTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id),
+                           attempt=attempt, input_ranges=record_ranges(ranges, res.ends), outputs=dict(res.outputs),
+                           started_at_ms=started, ended_at_ms=now_ms(),
+                           config=self._record_config().updated(tasks=res.tasks, rows=res.rows,
+                                                                duplicates_dropped=res.duplicates,
+                                                                task_attempts=res.attempts))
+        receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+        await receipt
+        _fault("kill_before_runtime_commit", self.seq)
+        await t.commit()
+
+    def _abort(self, t: Any, batch_id: str, attempt: int, started: int, error: str) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.run(t.abort())
+        except (PulsarError, TransactionError) as exc:
+            log.info("abort of %s: %s (its timeout ends it)", t.id, exc)
+        self._record(LedgerRecord(kind=Kind.ABORTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id),
+                                  attempt=attempt, started_at_ms=started, ended_at_ms=now_ms(), error=error,
+                                  config=self._record_config()))
+
+    def _record(self, rec: LedgerRecord) -> None:
+        """An informative record outside any transaction (STARTED, ABORTED): logged if it fails."""
+        assert self._conn is not None
+        try:
+            self._conn.run(self._ledger.send(rec.to_json(), partition_key=rec.batch_id))
+        except PulsarError as exc:
+            log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
+
+    def _record_config(self) -> RecordConfig:
+        c = self.config
+        return RecordConfig.of(handler=None, output=self.output, inputs=c.inputs, subscription=c.subscription,
+                               parking_suffix=c.parking_suffix, ledger_topic=self.ledger_topic, runtime="spark",
+                               transform=c.handler_spec)
+
+    # ------------------------------------------------------------------------ parking
+
+    def _park(self, r: Range, failure: Exception, attempts: int, root: str) -> None:
+        """Park the messages of one entry that keeps failing (see the module docs)."""
+        conn = self._conn
+        assert conn is not None
+        msgs = read_messages(self.opts, r, self.poll_ms)
+        conn.run(self._park_async(r, msgs, str(failure), attempts, root))
+        self._after[r.name] = r.to
+        self.stats.parked += len(msgs)
+        log.warning("parked %d message(s) of entry %s of %s (batch %s): %s", len(msgs), entry_text(r.to), r.name,
+                    root, failure)
+
+    async def _park_async(self, r: Range, msgs: list[txn.Message], error: str, attempts: int, root: str) -> None:
+        assert self._conn is not None
+        c = self.config
+        client = self._conn.client
+        parked_topic = parse_topic(r.name).base + c.parking_suffix
+        started = now_ms()
+        p = self._parking.get(parked_topic)
+        if p is None:
+            p = self._parking[parked_topic] = await client.create_producer(parked_topic, batching_enabled=False)
+        t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        try:
+            sends = []
+            for m in msgs:
+                props = {k: v for k, v in m.properties().items() if k not in PARK_PROPS}
+                props.update({PARK_ERROR: error, PARK_ATTEMPTS: str(attempts), PARK_BATCH: root, PARK_JOB: c.job,
+                              PARK_SOURCE_TOPIC: r.name, PARK_SOURCE_ID: str(m.message_id())})
+                sends.append(await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
+                                                event_timestamp=m.event_timestamp() or None, txn=t))
+            await self._conn._held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)  # noqa: SLF001
+            rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=attempts,
+                               inputs={r.name: [str(m.message_id()) for m in msgs]},
+                               input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
+                                                      "count": len(msgs)}},
+                               outputs={parked_topic: len(msgs)}, started_at_ms=started, ended_at_ms=now_ms(),
+                               error=error, parked_topic=parked_topic, config=self._record_config())
+            receipt = await self._ledger.send_async(rec.to_json(), partition_key=root, txn=t)
+            await asyncio.gather(*sends, receipt)
+            await t.commit()
+        except BaseException:
+            if t.state.value == "OPEN":
+                try:
+                    await t.abort()
+                except PulsarError:
+                    pass
+            raise
+
+
+def default_ledger(output: str) -> str:
+    from txn.delivery.ledger import default_ledger_topic
+
+    return default_ledger_topic(output)
+
+
+def _fault(point: str, seq: int) -> None:
+    if os.environ.get(FAULT_ENV) == f"{point}:{seq}":
+        log.warning("%s=%s: SIGKILL of the driver's process group", FAULT_ENV, os.environ[FAULT_ENV])
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+__all__ = ["FAULT_ENV", "DistributedRuntime"]
