@@ -257,8 +257,8 @@ def exactly_once(url: str, in_topic: str, n: int, settings: dict, exact: bool = 
                                   job="bench", ledger_topic=uniq("eo-ledger"), progress_interval_s=3600,
                                   **settings)
             proc = AsyncProcessor(client, handler, cfg)
-            # Bench-only instrumentation of a private attribute: time spent waiting for a commit slot.
-            slots = proc._slots = _TimedSemaphore(max(1, cfg.max_inflight_commits))  # noqa: SLF001
+            # Bench-only instrumentation: time spent waiting for a commit slot.
+            slots = proc.commit_slots = _TimedSemaphore(max(1, cfg.max_inflight_commits))
             await proc.start()
             c0 = cpu_seconds()
             t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txn.admin import admin_request
+from txn.bridge import run_blocking
 from txn.client import AsyncClient
 from txn.delivery.ledger import Kind, LedgerRecord, ensure_ledger_retained, now_ms
 from txn.delivery.ledger_reader import LedgerEndUnknown, read_tail
@@ -236,8 +237,8 @@ def require_deduplication(admin_url: str | None, topic: str, where: str = "drive
 
 
 def run(coro: Awaitable[Any]) -> Any:
-    """Run a coroutine to completion from synchronous Spark code."""
-    return asyncio.run(coro)  # type: ignore[arg-type]
+    """Run a coroutine to completion from synchronous Spark code (:func:`txn.bridge.run_blocking`)."""
+    return run_blocking(coro, "the pulsar-txn sink's driver call")  # type: ignore[arg-type]
 
 
 async def open_transaction(conn: Conn, timeout_ms: int) -> str:

@@ -84,7 +84,6 @@ import json
 import logging
 import re
 import ssl
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -106,6 +105,7 @@ from pyspark.sql.types import (
 
 import txn
 from txn.admin import admin_request
+from txn.bridge import LoopThread
 from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
@@ -396,15 +396,13 @@ class _Pulsar:
 
     def __init__(self, opts: SourceOptions) -> None:
         self._opts = opts
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pulsar-source", daemon=True)
-        self._thread.start()
+        self._bridge = LoopThread("pulsar-source")
         self._probes: dict[str, Any] = {}
         self._held: dict[str, Any] = {}  # partition -> consumer on the query's durable subscription
         try:
             self.client: txn.AsyncClient = self.run(self._make())
         except BaseException:
-            self._stop_loop()
+            self._bridge.close()
             raise
 
     async def _make(self) -> txn.AsyncClient:
@@ -412,19 +410,18 @@ class _Pulsar:
 
     def run(self, coro: Any) -> Any:
         """Run ``coro`` on the client's loop and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self._loop.close()
+        return self._bridge.run(coro)
 
     def close(self) -> None:
         try:
             self.run(self.client.close())
         finally:
-            self._stop_loop()
+            self._bridge.close()
+
+    @property
+    def held(self) -> dict[str, Any]:
+        """Partition name -> the consumer holding the query's durable subscription on it (see :meth:`hold`)."""
+        return self._held
 
     # -- topics
 
@@ -474,7 +471,7 @@ class _Pulsar:
         if r is None:
             r = await self.client.create_reader(name, txn.LATEST, receiver_queue_size=1)
             self._probes[name] = r
-        return last_position(await r._sub.get_last_message_id())  # the reader's subscription
+        return last_position(await r.get_last_message_id())
 
     def last_positions(self, names: list[str]) -> dict[str, Position | None]:
         """Each partition's last deliverable message (None if it has none)."""
@@ -529,7 +526,7 @@ class _Pulsar:
                 ledger, entry, _ = pos
                 target = txn.MessageId(ledger, entry - 1 if entry > 0 else _BEFORE_ENTRY_0)
                 consumer.acknowledge_nowait(target, cumulative=True)
-                for sub in consumer._subs:  # noqa: SLF001 - send now rather than at the next grouping tick
+                for sub in consumer.topic_consumers:  # send now rather than at the next grouping tick
                     sub.flush_acks()
 
         self.run(ack())
@@ -687,7 +684,7 @@ async def _open_checked(client: txn.AsyncClient, opts: SourceOptions, part: Puls
     reader = await client.create_reader(part.name, txn.MessageId(entry[0], entry[1]), start_message_id_inclusive=True,
                                         receiver_queue_size=1000)
     first: txn.Message | None = None
-    last = last_position(await reader._sub.get_last_message_id())  # noqa: SLF001
+    last = last_position(await reader.get_last_message_id())
     if last is not None and last[:2] >= entry:
         try:
             first = await reader.read_next(opts.poll_timeout_ms)
@@ -744,7 +741,7 @@ def _to_arrow(msgs: list[txn.Message], part: PulsarInputPartition, schema: Any) 
     for m in msgs:
         mid = m.message_id()
         full = txn.MessageId(mid.ledger_id, mid.entry_id, part.partition, mid.batch_index, mid.batch_size)
-        k = m._key  # None when the message has no key (partition_key() returns "" then)
+        k = m.partition_key() if m.has_partition_key() else None  # partition_key() is "" for none
         et = m.event_timestamp()
         key.append(k.encode() if k is not None else None)
         value.append(m.data())

@@ -71,8 +71,8 @@ async def send_raw(client: AsyncClient, topic: str, payload: bytes, *, codec: Co
     The broker never decodes a payload, so this is how a message whose metadata or codec
     header lies reaches a consumer. Returns the entry's id.
     """
-    conn = await client._pool.connection_for(topic)  # noqa: SLF001
-    pid = client._next_id()  # noqa: SLF001
+    conn = await client.context.pool.connection_for(topic)
+    pid = client.context.next_id()
     rid = next_request_id()
     resp = await conn.request(command(T.PRODUCER, topic=topic, producer_id=pid, request_id=rid), rid)
     check_error(resp, "create raw producer", topic=topic)

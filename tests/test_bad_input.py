@@ -124,16 +124,16 @@ def test_finished_transaction_cannot_be_reused(client, topic):
 
 
 def test_unknown_transaction_id(client):
-    inner = client._inner  # noqa: SLF001
+    inner = client.async_client
 
     async def go():
         # Make sure the coordinators are discovered, then commit an id nobody opened.
         await inner.new_transaction()
-        ghost = AsyncTransaction(inner._tc, txn.TxnID(0, 987654321), 60000)  # noqa: SLF001
+        ghost = AsyncTransaction(inner.transaction_coordinator, txn.TxnID(0, 987654321), 60000)
         await ghost.commit()
 
     with pytest.raises(txn.TransactionNotFound) as ei:
-        client._lt.run(go())  # noqa: SLF001
+        client.bridge.run(go())
     assert ei.value.txn_id == txn.TxnID(0, 987654321)
     assert ei.value.server_error == "TransactionNotFound"
 

@@ -205,13 +205,13 @@ def test_timeout_aborts_on_broker(client, official, topic):
     assert ei.value.txn_id == t.id
     assert t.state is txn.TxnState.TIMED_OUT
     # Proof from the broker: the coordinator no longer knows the transaction.
-    inner = client._inner  # noqa: SLF001
+    inner = client.async_client
 
     async def raw_commit():
-        await inner._tc.end_txn(t.id, commit=True)  # noqa: SLF001
+        await inner.transaction_coordinator.end_txn(t.id, commit=True)
 
     with pytest.raises(txn.TransactionNotFound):
-        client._lt.run(raw_commit())  # noqa: SLF001
+        client.bridge.run(raw_commit())
     assert read_until_sentinel(official, reader, topic) == []
 
 

@@ -769,7 +769,7 @@ def test_garbage_after_handshake_fails_pending_request(garbage: str) -> None:
             assert conn.server_version == "garbage-peer"
             assert conn.protocol_version == PROTOCOL_VERSION
             assert conn.max_message_size == 1000
-            assert conn._decoder.max_frame_size == 1000 + FRAME_HEADROOM  # noqa: SLF001
+            assert conn.decoder.max_frame_size == 1000 + FRAME_HEADROOM
 
             closes: list[BaseException] = []
             conn.close_listeners.append(lambda c, reason: closes.append(reason))
@@ -787,7 +787,7 @@ def test_garbage_after_handshake_fails_pending_request(garbage: str) -> None:
             assert conn.closed is True
             assert type(conn.close_reason) is ProtocolError
             assert len(closes) == 1 and closes[0] is conn.close_reason
-            assert conn._pending == {}  # noqa: SLF001
+            assert conn.pending_request_count() == 0
 
             # The peer got exactly the request we sent, then saw the socket close.
             (sent,) = peer.requests

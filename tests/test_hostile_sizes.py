@@ -309,14 +309,14 @@ def test_announced_max_message_size_is_clamped() -> None:
             conn = Connection("127.0.0.1", fb.port, operation_timeout=5)
             await conn.open()
             assert conn.max_message_size == MAX_MESSAGE_SIZE_CEILING == 100 * MiB
-            assert conn._decoder.max_frame_size == MAX_MESSAGE_SIZE_CEILING + FRAME_HEADROOM  # noqa: SLF001
+            assert conn.decoder.max_frame_size == MAX_MESSAGE_SIZE_CEILING + FRAME_HEADROOM
             # A frame header announcing 300 MB is refused before any of its bytes are kept.
             conn.data_received(U32.pack(300 * 1000 * 1000) + bytes(64 * 1024))
             assert conn.closed and isinstance(conn.close_reason, txn.ProtocolError)
             assert "exceeds the limit" in str(conn.close_reason)
-            assert conn._decoder.buffered <= 64 * 1024 + 4  # noqa: SLF001
+            assert conn.decoder.buffered <= 64 * 1024 + 4
             # Under the ceiling, a frame is buffered only as its bytes arrive (never preallocated).
-            dec = FrameDecoder(max_frame_size=conn._decoder.max_frame_size)  # noqa: SLF001
+            dec = FrameDecoder(max_frame_size=conn.decoder.max_frame_size)
             assert dec.feed(U32.pack(90 * MiB) + bytes(1000)) == [] and dec.buffered == 1004
 
             small = Connection("127.0.0.1", fb.port, operation_timeout=5, max_message_size_ceiling=10 * MiB)

@@ -146,11 +146,11 @@ def test_running_processor_resyncs_after_its_consumer_resubscribes(broker, offic
                 while proc.stats.messages < N and time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
                 assert proc.stats.messages == N
-                made = proc._consumer.subscriptions_made  # noqa: SLF001
+                made = proc.consumer.subscriptions_made
                 await asyncio.to_thread(_reset_to_start, broker.admin_url, inp, "proc", 0)
                 while proc.stats.duplicates_skipped < N and time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
-                assert proc._consumer.subscriptions_made > made  # noqa: SLF001
+                assert proc.consumer.subscriptions_made > made
             finally:
                 proc.stop()
                 await runner
@@ -211,7 +211,7 @@ def test_committed_inputs_is_bounded_and_collapses_full_entries():
     assert not c.contains(_msg("t", 1, 0, 0)) and c.contains(_msg("t", 1, 4, 0))
     assert not c.contains(_msg("t", 1, 4, 1))
     c.add("t", 1, 4, 1, batch_size=2)
-    assert c._entries[("t", 1, 4)] is None  # noqa: SLF001 - both indexes: one marker for the entry
+    assert c.is_whole_entry("t", 1, 4)  # both indexes: one marker for the entry
     assert c.contains(_msg("t", 1, 4, 1))
     assert len(c) == 3  # entries 2 and 3 (one index each) and entry 4 (whole)
 

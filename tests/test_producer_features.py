@@ -135,9 +135,9 @@ def test_send_timeout_with_a_paused_broker(broker, topic):
 def test_keepalive_keeps_an_idle_connection(broker, topic):
     c = txn.Client(broker.service_url, keep_alive_interval_seconds=1)
     p = c.create_producer(topic, batching_enabled=False)
-    conn = p._inner._parts[0]._conn  # noqa: SLF001
+    conn = p.async_producer.partition_producers[0].conn
     time.sleep(3.5)  # idle for more than two keep-alive intervals: pings answered by pongs
     assert not conn.closed
     p.send(b"still-here")
-    assert p._inner._parts[0]._conn is conn  # noqa: SLF001
+    assert p.async_producer.partition_producers[0].conn is conn
     c.close()

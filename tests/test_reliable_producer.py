@@ -49,14 +49,14 @@ def _official_read(broker, topic: str) -> list[pulsar.Message]:
 
 def _watch_core(rp: ReliableProducer | AsyncReliableProducer) -> dict[str, int]:
     """Record, at every message the core producer queues, its queued count and the reliable in-flight count."""
-    inner = rp._inner if isinstance(rp, ReliableProducer) else rp  # noqa: SLF001
-    part = inner._core._parts[0]  # noqa: SLF001
+    inner = rp.async_producer if isinstance(rp, ReliableProducer) else rp
+    part = inner.core.partition_producers[0]
     peak = {"core": 0, "in_flight": 0, "enqueued": 0}
     orig = part.enqueue
 
     def enqueue(*args, **kwargs):
         fut = orig(*args, **kwargs)
-        peak["core"] = max(peak["core"], part._queued)  # noqa: SLF001
+        peak["core"] = max(peak["core"], part.queued)
         peak["in_flight"] = max(peak["in_flight"], inner.in_flight)
         peak["enqueued"] += 1
         return fut
@@ -78,7 +78,7 @@ def test_window_backpressure_sync(client, broker, dedup_ns, tmp_path, with_outbo
     peak = _watch_core(rp)
     rows_peak = [0]
     if with_outbox:  # after every outbox commit, count its unconfirmed rows (same thread, same connection)
-        outbox = rp._inner._outbox  # noqa: SLF001
+        outbox = rp.async_producer.outbox
         write = outbox.write
 
         def counted_write(*args):

@@ -315,7 +315,7 @@ def test_topic_policies_work_with_auth_enabled(broker, local, topic) -> None:
 
 def _pooled_schemes(client: txn.Client) -> set[str]:
     """URL schemes of the client's pooled connections (logical and physical URLs)."""
-    keys = client._inner._pool._conns  # {(logical URL, physical URL): connection}
+    keys = client.async_client.context.pool.connection_keys()  # (logical URL, physical URL) each
     assert keys
     return {url.split("://", 1)[0] for key in keys for url in key}
 

@@ -145,7 +145,7 @@ def test_flow_control_bounds_the_receive_queue(client, topic):
     _produce(client, topic, 200)
     c = client.subscribe(topic, "flow", receiver_queue_size=10, initial_position=txn.InitialPosition.Earliest)
     time.sleep(1.5)
-    queued = len(c._inner._queue)  # noqa: SLF001
+    queued = len(c.async_consumer.receive_queue)
     assert queued == 10  # the broker sent only what the permits allowed
     got = [c.receive(10000).data() for _ in range(200)]
     assert got == [f"m{i}".encode() for i in range(200)]

@@ -86,7 +86,26 @@ class AsyncClient:
             raise AlreadyClosed("client is closed")
 
     def _register(self, obj: Any) -> None:
-        (self._producers if isinstance(obj, AsyncProducer) else self._consumers).add(obj)
+        # Consumers (and readers) close after everything else that sends (producers, reliable producers).
+        (self._consumers if isinstance(obj, AsyncConsumer) else self._producers).add(obj)
+
+    @property
+    def context(self) -> ClientContext:
+        """What this client's producers and consumers use of it (pool, id allocator, registry).
+
+        Also the hook for objects built on the client: ``context.register(obj)`` makes
+        :meth:`close` close ``obj`` (its ``close()`` coroutine), ``context.forget(obj)`` undoes it."""
+        return self._ctx
+
+    @property
+    def transaction_coordinator(self) -> CoordinatorClient:
+        """The transaction-coordinator client (low level: raw ``new_txn``/``end_txn`` commands)."""
+        return self._tc
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
 
     def _forget(self, obj: Any) -> None:
         self._producers.discard(obj)
@@ -136,7 +155,7 @@ class AsyncClient:
             access_mode=ProducerAccessMode(access_mode),
         )
         p = AsyncProducer(self._ctx, name, conf)
-        await p._start()  # noqa: SLF001
+        await p.start()
         self._producers.add(p)
         return p
 
@@ -175,7 +194,7 @@ class AsyncClient:
             properties=dict(properties or {}),
         )
         c = AsyncConsumer(self._ctx, names, conf)
-        await c._start()  # noqa: SLF001
+        await c.start()
         self._consumers.add(c)
         return c
 

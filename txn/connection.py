@@ -207,6 +207,20 @@ class Connection(asyncio.Protocol):
         self._keepalive = loop.create_task(self._keepalive_loop())
         return self
 
+    @property
+    def uses_tls(self) -> bool:
+        """True for a TLS connection (``pulsar+ssl``)."""
+        return self._tls is not None
+
+    @property
+    def decoder(self) -> FrameDecoder:
+        """The frame decoder of this connection (its ``max_frame_size`` and ``buffered`` bytes)."""
+        return self._decoder
+
+    def pending_request_count(self) -> int:
+        """Requests sent and still awaiting the broker's answer."""
+        return len(self._pending)
+
     def _set_max_message_size(self, announced: int) -> None:
         """Adopt the broker's ``max_message_size``, bounded by ``max_message_size_ceiling``.
 

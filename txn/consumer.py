@@ -157,21 +157,26 @@ def _is_acked(ack_set: Any, i: int) -> bool:
     return not (ack_set[w] & (1 << (i % 64)))
 
 
-class _TopicConsumer:
-    """Consumer on one topic or partition."""
+class TopicConsumer:
+    """Consumer on one topic or partition; :class:`AsyncConsumer` holds one per partition.
+
+    Package-internal, public for the facades, the reader and the receive queue: ``ready`` (set
+    while subscribed), and ``taken``/``threshold`` (permits used since the last FLOW, and how
+    many make a FLOW), which only the receive queue touches, under its lock.
+    """
 
     def __init__(self, parent: AsyncConsumer, topic: str, partition: int, permits: int) -> None:
         self.parent = parent
-        self.ctx = parent._ctx  # noqa: SLF001
+        self.ctx = parent.ctx
         self.conf = parent.conf
         self.topic = topic
         self.partition = partition
         self.consumer_id = self.ctx.next_id()
         self.queue_size = max(permits, 1)
-        self._threshold = max(self.queue_size // 2, 1)
-        self._taken = 0  # guarded by the parent's receive-queue lock
+        self.threshold = max(self.queue_size // 2, 1)
+        self.taken = 0  # guarded by the parent's receive-queue lock
         self._conn: Connection | None = None
-        self._ready = asyncio.Event()
+        self.ready = asyncio.Event()
         self._closed = False
         self._epoch = 0
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -227,10 +232,10 @@ class _TopicConsumer:
         self._conn = conn
         pool = self.ctx.pool
         self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
-        self.parent._queue.reset(self)  # noqa: SLF001
+        self.parent.receive_queue.reset(self)
         conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
         self.parent.subscriptions_made += 1
-        self._ready.set()
+        self.ready.set()
 
     def on_connection_closed(self, conn: Connection, exc: BaseException) -> None:
         if self._conn is conn:
@@ -243,11 +248,11 @@ class _TopicConsumer:
 
     def _lost(self, exc: BaseException) -> None:
         self._conn = None
-        self._ready.clear()
+        self.ready.clear()
         # The broker redelivers whatever we did not ack, so drop what is queued here.
         # (A corrupt entry's queued error goes too: the entry comes again, and so does its error.)
-        self.parent._queue.remove_where(  # noqa: SLF001
-            lambda m: m._consumer is self or getattr(m, "owner", None) is self)  # noqa: SLF001
+        self.parent.receive_queue.remove_where(
+            lambda m: m.consumer is self or getattr(m, "owner", None) is self)
         if self._closed or (self._reconnect_task and not self._reconnect_task.done()):
             return
         log.info("consumer on %s disconnected (%s); resubscribing", self.topic, exc)
@@ -282,7 +287,7 @@ class _TopicConsumer:
                 pass
 
     def _skip(self, n: int) -> None:
-        granted = self.parent._queue.count(self, n)  # noqa: SLF001
+        granted = self.parent.receive_queue.count(self, n)
         if granted:
             self.send_flow(granted)
 
@@ -315,7 +320,7 @@ class _TopicConsumer:
         if skipped:
             self._skip(skipped)
         if msgs:
-            self.parent._queue.put_many(msgs)  # noqa: SLF001
+            self.parent.receive_queue.put_many(msgs)
 
     def _reject(self, kind: type[CorruptMessage], what: str, mid: pb.MessageIdData, n: int) -> None:
         """Report a corrupt entry in the receive queue, in its place; it stays unacknowledged."""
@@ -323,7 +328,7 @@ class _TopicConsumer:
                    message_id=MessageId(mid.ledgerId, mid.entryId, self.partition, topic=self.topic))
         log.error("%s", err)
         self._skip(max(n, 1))
-        self.parent._queue.put_error(err, self)  # noqa: SLF001
+        self.parent.receive_queue.put_error(err, self)
 
     def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,
                n: int) -> list[ReceivedMessage]:
@@ -366,8 +371,8 @@ class _TopicConsumer:
 
     async def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
-        if not self._ready.is_set():
-            await asyncio.wait_for(self._ready.wait(), self.ctx.operation_timeout)
+        if not self.ready.is_set():
+            await asyncio.wait_for(self.ready.wait(), self.ctx.operation_timeout)
         conn = self._conn
         if conn is None:
             raise ConnectError("consumer is not connected", topic=self.topic)
@@ -399,8 +404,8 @@ class _TopicConsumer:
         while inbox:
             item, cum = inbox.popleft()
             if type(item) is ReceivedMessage:  # the common case: no MessageId is built
-                key = item._entry  # noqa: SLF001
-                index = item._index  # noqa: SLF001
+                key = item.entry
+                index = item.batch_index
                 mid = item.message_id() if nacks or cum else None
             else:
                 mid = item.message_id() if isinstance(item, Message) else item
@@ -451,9 +456,9 @@ class _TopicConsumer:
         """Acknowledge inside ``txn``; waits for the broker's ack response."""
         txn.check_open()
         await txn.register_subscription(self.topic, self.conf.subscription_name)
-        if not self._ready.is_set():
+        if not self.ready.is_set():
             try:
-                await asyncio.wait_for(self._ready.wait(), self.ctx.operation_timeout)
+                await asyncio.wait_for(self.ready.wait(), self.ctx.operation_timeout)
             except TimeoutError:
                 raise ConnectError("consumer is not connected", topic=self.topic, txn_id=txn.id) from None
         conn = self._conn
@@ -518,7 +523,7 @@ class _TopicConsumer:
                 )
                 return
             self._epoch += 1
-            removed = self.parent._queue.remove_where(lambda m: m._consumer is self)  # noqa: SLF001
+            removed = self.parent.receive_queue.remove_where(lambda m: m.consumer is self)
             if removed:
                 self._skip(removed)
             conn.send_command(
@@ -563,12 +568,15 @@ class AsyncConsumer:
     """A consumer over one or more topics (and all partitions of partitioned ones)."""
 
     def __init__(self, ctx: ClientContext, topics: list[str], conf: ConsumerConfig) -> None:
-        self._ctx = ctx
+        #: The context of the client that made it (pool, ids, registry).
+        self.ctx = ctx
         self._topics = topics
         self.conf = conf
-        self._subs: list[_TopicConsumer] = []
-        self._by_topic: dict[str, _TopicConsumer] = {}
-        self._queue = ReceiveQueue(asyncio.get_running_loop(), lambda sub, n: sub.send_flow(n))
+        #: One :class:`TopicConsumer` per topic or partition.
+        self.topic_consumers: list[TopicConsumer] = []
+        self._by_topic: dict[str, TopicConsumer] = {}
+        #: Received messages waiting for :meth:`receive` (thread-safe; the sync facade pops from it).
+        self.receive_queue = ReceiveQueue(asyncio.get_running_loop(), lambda sub, n: sub.send_flow(n))
         self._closed = False
         self._ticker: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -577,8 +585,9 @@ class AsyncConsumer:
         #: have recovered the subscription's cursor (and, on Pulsar 4.0.x, lost batch-index acks).
         self.subscriptions_made = 0
 
-    async def _start(self) -> None:
-        counts = await asyncio.gather(*(self._ctx.pool.partitions(t) for t in self._topics))
+    async def start(self) -> None:
+        """Subscribe on every topic and partition (the client calls it; raises the broker's error)."""
+        counts = await asyncio.gather(*(self.ctx.pool.partitions(t) for t in self._topics))
         total_parts = sum(max(c, 1) for c in counts)
         per = self.conf.receiver_queue_size
         if total_parts > 1:
@@ -586,13 +595,13 @@ class AsyncConsumer:
         for t, n in zip(self._topics, counts, strict=True):
             names = [(t, -1)] if n == 0 else [(f"{t}-partition-{i}", i) for i in range(n)]
             for name, idx in names:
-                sub = _TopicConsumer(self, name, idx, per)
-                self._subs.append(sub)
+                sub = TopicConsumer(self, name, idx, per)
+                self.topic_consumers.append(sub)
                 self._by_topic[name] = sub
         try:
-            await asyncio.gather(*(s.start() for s in self._subs))
+            await asyncio.gather(*(s.start() for s in self.topic_consumers))
         except BaseException:
-            await asyncio.gather(*(s.close() for s in self._subs), return_exceptions=True)
+            await asyncio.gather(*(s.close() for s in self.topic_consumers), return_exceptions=True)
             raise
         self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
@@ -600,7 +609,7 @@ class AsyncConsumer:
         interval = max(self.conf.ack_grouping_time_ms, 10) / 1000.0
         while not self._closed:
             await asyncio.sleep(interval)
-            for s in self._subs:
+            for s in self.topic_consumers:
                 s.flush_acks()
                 s.process_nacks()
 
@@ -614,46 +623,53 @@ class AsyncConsumer:
         """The subscription's name."""
         return self.conf.subscription_name
 
+    @property
+    def closed(self) -> bool:
+        """True once closed (or unsubscribed)."""
+        return self._closed
+
     def partition_topics(self) -> list[str]:
         """The topics (partitions) this consumer is subscribed to."""
-        return [s.topic for s in self._subs]
+        return [s.topic for s in self.topic_consumers]
 
     def receive_nowait(self) -> Message | None:
         """A queued message, or ``None`` without waiting."""
-        self._check()
-        return self._queue.get_nowait()
+        self.check_open()
+        return self.receive_queue.get_nowait()
 
-    def _check(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`AlreadyClosed` once the consumer is closed."""
         if self._closed:
             raise AlreadyClosed("consumer is closed", topic=self._topics[0])
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
-        self._check()
-        return await self._queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
+        self.check_open()
+        return await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
 
-    def _sub_for(self, message_or_id: Message | MessageId) -> tuple[_TopicConsumer, MessageId]:
+    def _sub_for(self, message_or_id: Message | MessageId) -> tuple[TopicConsumer, MessageId]:
         if isinstance(message_or_id, Message):
             mid = message_or_id.message_id()
-            sub = message_or_id._consumer  # noqa: SLF001
+            sub = message_or_id.consumer
             if sub is not None and sub.parent is self:
                 return sub, mid
         elif isinstance(message_or_id, MessageId):
             mid = message_or_id
         else:
             raise TypeError(f"expected a Message or MessageId, got {type(message_or_id).__name__}")
-        sub = self._by_topic.get(mid.topic) if mid.topic else (self._subs[0] if len(self._subs) == 1 else None)
+        subs = self.topic_consumers
+        sub = self._by_topic.get(mid.topic) if mid.topic else (subs[0] if len(subs) == 1 else None)
         if sub is None:
             raise ValueError(f"message id {mid} does not belong to this consumer's topics")
         return sub, mid
 
     def acknowledge_nowait(self, message_or_id: Message | MessageId, cumulative: bool = False) -> None:
         """Non-transactional ack, queued and grouped; thread-safe."""
-        self._check()
+        self.check_open()
         if cumulative and self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
         if type(message_or_id) is ReceivedMessage:
-            sub = message_or_id._consumer  # noqa: SLF001
+            sub = message_or_id.consumer
             if sub is not None and sub.parent is self:
                 sub.ack_local(message_or_id, cumulative)
                 return
@@ -669,7 +685,7 @@ class AsyncConsumer:
         if txn is None:
             self.acknowledge_nowait(message_or_id)
             return self._done
-        self._check()
+        self.check_open()
         sub, mid = self._sub_for(message_or_id)
         return self._txn_ack(sub, [mid], txn, False)
 
@@ -677,7 +693,7 @@ class AsyncConsumer:
         self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None
     ) -> None:
         """Acknowledge everything up to and including this message (Exclusive/Failover only)."""
-        self._check()
+        self.check_open()
         if txn is None:
             self.acknowledge_nowait(message_or_id, cumulative=True)
             return
@@ -686,7 +702,7 @@ class AsyncConsumer:
         sub, mid = self._sub_for(message_or_id)
         await self._txn_ack(sub, [mid], txn, True)
 
-    async def _txn_ack(self, sub: _TopicConsumer, mids: list[MessageId], txn: AsyncTransaction,
+    async def _txn_ack(self, sub: TopicConsumer, mids: list[MessageId], txn: AsyncTransaction,
                        cumulative: bool) -> None:
         fut = asyncio.ensure_future(sub.ack_txn(mids, txn, cumulative))
         txn.add_op(fut)
@@ -706,8 +722,8 @@ class AsyncConsumer:
         ``per_entry=False`` sends one command per topic/partition (chunked), as before; the
         conformance test uses it to show the broker bug.
         """
-        self._check()
-        groups: dict[_TopicConsumer, list[MessageId]] = {}
+        self.check_open()
+        groups: dict[TopicConsumer, list[MessageId]] = {}
         seen: set[MessageId] = set()
         for m in messages:
             sub, mid = self._sub_for(m)
@@ -718,7 +734,7 @@ class AsyncConsumer:
         # Bounded commands: one ACK carrying ~100k batch-index ids would pass the broker's 5 MB
         # frame limit (the broker then resets the connection).
         n = TXN_ACK_CHUNK
-        commands: list[tuple[_TopicConsumer, list[MessageId]]] = []
+        commands: list[tuple[TopicConsumer, list[MessageId]]] = []
         for sub, mids in groups.items():
             if per_entry:
                 whole, entries = _split_by_entry(mids)
@@ -730,19 +746,19 @@ class AsyncConsumer:
 
     def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
         """Redeliver this message after ``negative_ack_redelivery_delay_ms``."""
-        self._check()
+        self.check_open()
         sub, mid = self._sub_for(message_or_id)
         sub.nack(mid)
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Ask the broker to redeliver every unacknowledged message now."""
-        self._check()
-        for s in self._subs:
+        self.check_open()
+        for s in self.topic_consumers:
             s.redeliver(None)
 
     def is_connected(self) -> bool:
         """True when every topic/partition has a live subscription."""
-        return all(s._ready.is_set() for s in self._subs)  # noqa: SLF001
+        return all(s.ready.is_set() for s in self.topic_consumers)
 
     async def close(self) -> None:
         """Flush acks and close. Further calls raise :class:`AlreadyClosed`."""
@@ -751,16 +767,16 @@ class AsyncConsumer:
         self._closed = True
         if self._ticker is not None:
             self._ticker.cancel()
-        self._queue.close()
-        await asyncio.gather(*(s.close() for s in self._subs), return_exceptions=True)
-        self._ctx.forget(self)
+        self.receive_queue.close()
+        await asyncio.gather(*(s.close() for s in self.topic_consumers), return_exceptions=True)
+        self.ctx.forget(self)
 
     async def unsubscribe(self) -> None:
         """Delete the subscription on the broker and close."""
-        self._check()
+        self.check_open()
         self._closed = True
         if self._ticker is not None:
             self._ticker.cancel()
-        self._queue.close()
-        await asyncio.gather(*(s.close(unsubscribe=True) for s in self._subs))
-        self._ctx.forget(self)
+        self.receive_queue.close()
+        await asyncio.gather(*(s.close(unsubscribe=True) for s in self.topic_consumers))
+        self.ctx.forget(self)

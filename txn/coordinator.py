@@ -166,5 +166,5 @@ class CoordinatorClient:
         except PulsarError as exc:
             if attempts[0] > 1 and exc.server_error == "TransactionNotFound":
                 exc.message += " (an earlier attempt was interrupted and may have completed)"
-                exc.args = (exc._render(),)  # noqa: SLF001
+                exc.args = (exc.render(),)
             raise

@@ -92,9 +92,12 @@ class PulsarError(Exception):
         self.topic = topic
         self.txn_id = txn_id
         self.server_error = server_error
-        super().__init__(self._render())
+        super().__init__(self.render())
 
-    def _render(self) -> str:
+    def render(self) -> str:
+        """The text ``str(exc)`` gives: the message, then the topic, transaction and broker error.
+
+        After changing :attr:`message`, set ``exc.args = (exc.render(),)`` to refresh it."""
         parts = [self.message]
         if self.topic:
             parts.append(f"topic={self.topic}")
@@ -153,8 +156,8 @@ class CorruptMessage(PulsarError):
         self.message_id = message_id
         super().__init__(message, topic=topic)
 
-    def _render(self) -> str:
-        text = super()._render()
+    def render(self) -> str:
+        text = super().render()
         return text if self.message_id is None else f"{text} | message_id={self.message_id}"
 
 

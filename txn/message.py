@@ -168,7 +168,7 @@ class Message:
         "_redelivery",
         "_producer",
         "_sequence_id",
-        "_consumer",
+        "consumer",
     )
 
     def __init__(
@@ -195,7 +195,8 @@ class Message:
         self._redelivery = redelivery_count
         self._producer = producer_name
         self._sequence_id = sequence_id
-        self._consumer = consumer
+        #: The :class:`ConsumerRef` that received this message (None for a message built elsewhere).
+        self.consumer = consumer
 
     def data(self) -> bytes:
         """The payload."""
@@ -220,6 +221,10 @@ class Message:
     def partition_key(self) -> str:
         """The key, or ``""`` if none was set (as in the official client)."""
         return self._key or ""
+
+    def has_partition_key(self) -> bool:
+        """True if the producer set a key (:meth:`partition_key` is ``""`` for none and for an empty one)."""
+        return self._key is not None
 
     def ordering_key(self) -> str:
         """Alias of :meth:`partition_key`."""
@@ -252,11 +257,12 @@ class Message:
 class ReceivedMessage(Message):
     """A message built by a consumer: its :class:`MessageId` is made on first use.
 
-    ``_entry`` is ``(ledger, entry, partition, batch_size)``, shared by every message of
-    one stored entry; it is also the key the consumer tracks batch acks under.
+    ``entry`` is ``(ledger, entry, partition, batch_size)``, shared by every message of
+    one stored entry; it is also the key the consumer tracks batch acks under. ``batch_index``
+    is the message's index in that entry (-1 when not batched).
     """
 
-    __slots__ = ("_entry", "_index")
+    __slots__ = ("entry", "batch_index")
 
     def __init__(
         self,
@@ -275,13 +281,13 @@ class ReceivedMessage(Message):
     ) -> None:
         Message.__init__(self, data, properties, None, topic, partition_key, publish_timestamp,  # type: ignore[arg-type]
                          event_timestamp, redelivery_count, producer_name, sequence_id, consumer)
-        self._entry = entry
-        self._index = index
+        self.entry = entry
+        self.batch_index = index
 
     def message_id(self) -> MessageId:
         """Where the message is stored."""
         mid = self._id
         if mid is None:
-            ledger, entry, partition, size = self._entry
-            mid = self._id = MessageId(ledger, entry, partition, self._index, size, self._topic)
+            ledger, entry, partition, size = self.entry
+            mid = self._id = MessageId(ledger, entry, partition, self.batch_index, size, self._topic)
         return mid

@@ -151,6 +151,10 @@ class ConnectionPool:
         log.debug("connected to %s (server %s)", conn.address, conn.server_version)
         return conn
 
+    def connection_keys(self) -> list[tuple[str, str]]:
+        """``(logical URL, physical URL)`` of each pooled (or connecting) connection."""
+        return list(self._conns)
+
     def close(self) -> None:
         """Close every connection."""
         self.closed = True
@@ -242,5 +246,5 @@ class ConnectionPool:
 
 def conn_physical(conn: Connection) -> str:
     """The URL a connection physically reaches."""
-    scheme = "pulsar+ssl" if conn._tls else "pulsar"  # noqa: SLF001
+    scheme = "pulsar+ssl" if conn.uses_tls else "pulsar"
     return f"{scheme}://{conn.host}:{conn.port}"

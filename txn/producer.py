@@ -1,6 +1,6 @@
 """Producers: batching, compression, a bounded pending window, receipts, timeouts, reconnects.
 
-Each partition has a ``_PartitionProducer`` holding an ordered deque of frames
+Each partition has a ``PartitionProducer`` holding an ordered deque of frames
 awaiting their receipts. After a reconnect the same frames, with the same
 sequence ids, are written again before anything new, so the broker's
 deduplication (when enabled) drops the repeats and nothing confirmed is lost.
@@ -110,8 +110,13 @@ def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:
     return out
 
 
-class _PartitionProducer:
-    """Producer for one (non-partitioned topic or) partition."""
+class PartitionProducer:
+    """Producer for one (non-partitioned topic or) partition; :class:`AsyncProducer` routes to it.
+
+    Package-internal, public for the facades and tests: ``window`` (its share of the pending
+    window), ``queued`` (messages in the open batch plus those awaiting receipts), ``ready``
+    (created on a live connection) and ``conn`` (that connection, or None).
+    """
 
     def __init__(self, ctx: ClientContext, topic: str, partition: int, conf: ProducerConfig, window: int) -> None:
         self._ctx = ctx
@@ -121,14 +126,14 @@ class _PartitionProducer:
         self.producer_id = ctx.next_id()
         self.producer_name = conf.producer_name or ""
         self._user_named = conf.producer_name is not None
-        self._window = window
-        self._queued = 0  # messages in batch + pending ops
+        self.window = window
+        self.queued = 0  # messages in batch + pending ops
         self._pending: deque[_Op] = deque()
         self._batch: _Batch | None = None
         self._batch_timer: asyncio.TimerHandle | None = None
         self._seq = -1
-        self._conn: Connection | None = None
-        self._ready = False
+        self.conn: Connection | None = None
+        self.ready = False
         self._closed = False
         self._fatal: PulsarError | None = None
         self._space_waiters: deque[asyncio.Future[None]] = deque()
@@ -184,7 +189,7 @@ class _PartitionProducer:
         self.producer_name = ok.producer_name
         if ok.HasField("topic_epoch"):
             self._topic_epoch = ok.topic_epoch
-        self._conn = conn
+        self.conn = conn
         self.max_message_size = conn.max_message_size
         if self._seq < 0:
             if self.conf.initial_sequence_id is not None:
@@ -197,20 +202,20 @@ class _PartitionProducer:
         # Re-send what was not confirmed, in order, with the same sequence ids.
         for op in self._pending:
             conn.write(op.frame)
-        self._ready = True
+        self.ready = True
         self._epoch += 1
 
     def on_connection_closed(self, conn: Connection, exc: BaseException) -> None:
-        if self._conn is conn:
-            self._ready = False
-            self._conn = None
+        if self.conn is conn:
+            self.ready = False
+            self.conn = None
             self._schedule_reconnect(exc)
 
     def on_broker_close(self) -> None:
-        self._ready = False
-        if self._conn is not None:
-            self._conn.producers.pop(self.producer_id, None)
-        self._conn = None
+        self.ready = False
+        if self.conn is not None:
+            self.conn.producers.pop(self.producer_id, None)
+        self.conn = None
         self._schedule_reconnect(ConnectError("broker closed the producer", topic=self.topic))
 
     def _schedule_reconnect(self, exc: BaseException) -> None:
@@ -245,18 +250,18 @@ class _PartitionProducer:
     # ------------------------------------------------------------------ window
 
     def has_space(self) -> bool:
-        return self._queued < self._window
+        return self.queued < self.window
 
     async def wait_space(self) -> None:
         """Wait until the pending window has room (backpressure)."""
-        while self._queued >= self._window and not self._closed:
+        while self.queued >= self.window and not self._closed:
             fut = asyncio.get_running_loop().create_future()
             self._space_waiters.append(fut)
             await fut
 
     def _release(self, n: int) -> None:
-        self._queued -= n
-        while self._space_waiters and self._queued < self._window:
+        self.queued -= n
+        while self._space_waiters and self.queued < self.window:
             w = self._space_waiters.popleft()
             if not w.done():
                 w.set_result(None)
@@ -301,7 +306,7 @@ class _PartitionProducer:
         else:
             seq = sequence_id
             self._seq = max(self._seq, seq + 1)
-        self._queued += 1
+        self.queued += 1
         conf = self.conf
         if not conf.batching_enabled:
             meta = pb.MessageMetadata(
@@ -376,7 +381,7 @@ class _PartitionProducer:
         futures: list[asyncio.Future[MessageId]] = [loop.create_future() for _ in entries]
         last = first_sequence_id + len(entries) - 1
         self._seq = max(self._seq, last + 1)
-        self._queued += len(entries)
+        self.queued += len(entries)
         meta = pb.MessageMetadata(
             producer_name=self.producer_name,
             sequence_id=first_sequence_id,
@@ -431,9 +436,9 @@ class _PartitionProducer:
         frame = encode_payload_frame(command(T.SEND, **send), meta, payload)
         op = _Op(seq, highest, frame, futures, batched, time.monotonic(), txn)
         self._pending.append(op)
-        if self._ready and self._conn is not None:
+        if self.ready and self.conn is not None:
             try:
-                self._conn.write(frame)
+                self.conn.write(frame)
             except ConnectError:
                 pass  # resent after reconnect
 
@@ -482,8 +487,8 @@ class _PartitionProducer:
         name = pb.ServerError.Name(e.error)
         op = next((o for o in self._pending if o.seq == e.sequence_id), None)
         if name == "ChecksumError" or op is None:
-            if self._conn is not None:
-                self._conn.close(ConnectError(f"send error {name}: {e.message}", topic=self.topic))
+            if self.conn is not None:
+                self.conn.close(ConnectError(f"send error {name}: {e.message}", topic=self.topic))
             return
         txn = None if op.txn is _NO_TXN else op.txn
         if name in ("NotAllowedError", "TransactionNotFound", "InvalidTxnStatus", "TransactionConflict",
@@ -497,8 +502,8 @@ class _PartitionProducer:
             self._release(len(op.futures))
             return
         # Anything else: reconnect and resend, as the broker's state is unknown.
-        if self._conn is not None:
-            self._conn.close(ConnectError(f"send error {name}: {e.message}", topic=self.topic))
+        if self.conn is not None:
+            self.conn.close(ConnectError(f"send error {name}: {e.message}", topic=self.topic))
 
     async def _timeout_loop(self) -> None:
         limit = self.conf.send_timeout_millis / 1000.0
@@ -539,7 +544,7 @@ class _PartitionProducer:
         for w in self._space_waiters:
             if not w.done():
                 w.set_result(None)
-        conn, self._conn = self._conn, None
+        conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
             conn.producers.pop(self.producer_id, None)
             rid = next_request_id()
@@ -565,18 +570,19 @@ class AsyncProducer:
         self._ctx = ctx
         self._topic = topic
         self.conf = conf
-        self._parts: list[_PartitionProducer] = []
+        self._parts: list[PartitionProducer] = []
         self._closed = False
         self._rr = 0
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Create the producer on every partition (the client calls it; raises the broker's error)."""
         n = await self._ctx.pool.partitions(self._topic)
         if n == 0:
-            self._parts = [_PartitionProducer(self._ctx, self._topic, -1, self.conf, self.conf.max_pending_messages)]
+            self._parts = [PartitionProducer(self._ctx, self._topic, -1, self.conf, self.conf.max_pending_messages)]
         else:
             per = max(1, min(self.conf.max_pending_messages, self.conf.max_pending_messages_across_partitions // n))
             self._parts = [
-                _PartitionProducer(self._ctx, f"{self._topic}-partition-{i}", i, self.conf, per)
+                PartitionProducer(self._ctx, f"{self._topic}-partition-{i}", i, self.conf, per)
                 for i in range(n)
             ]
         try:
@@ -589,6 +595,20 @@ class AsyncProducer:
         """The topic this producer writes to."""
         return self._topic
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def partition_producers(self) -> list[PartitionProducer]:
+        """One :class:`PartitionProducer` per partition (one for a non-partitioned topic)."""
+        return self._parts
+
+    async def wait_space(self) -> None:
+        """Wait until every partition's pending window has room (backpressure)."""
+        await asyncio.gather(*(p.wait_space() for p in self._parts))
+
     def producer_name(self) -> str:
         """Name the broker gave this producer (first partition's for partitioned topics)."""
         return self._parts[0].producer_name if self._parts else ""
@@ -597,7 +617,7 @@ class AsyncProducer:
         """Highest sequence id confirmed by the broker."""
         return max((p.last_sequence_id_published for p in self._parts), default=-1)
 
-    def _route(self, partition_key: str | None) -> _PartitionProducer:
+    def _route(self, partition_key: str | None) -> PartitionProducer:
         parts = self._parts
         if len(parts) == 1:
             return parts[0]
@@ -609,7 +629,8 @@ class AsyncProducer:
         self._rr += 1
         return parts[self._rr % len(parts)]
 
-    def _check(self, content: Any) -> bytes:
+    def check_content(self, content: Any) -> bytes:
+        """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like."""
         if self._closed:
             raise AlreadyClosed("producer is closed", topic=self._topic)
         if isinstance(content, str):
@@ -633,7 +654,7 @@ class AsyncProducer:
         Awaits for room in the pending window when ``block_if_queue_full`` is set,
         otherwise raises :class:`ProducerQueueIsFull` when it is full.
         """
-        data = self._check(content)
+        data = self.check_content(content)
         part = self._route(partition_key)
         part.check_usable()
         tid = await self._admit(part, txn)
@@ -641,22 +662,21 @@ class AsyncProducer:
         if txn is not None:
             txn.add_op(fut)
         if callback is not None:
-            fut.add_done_callback(lambda f: _run_callback(callback, f))
+            fut.add_done_callback(lambda f: run_callback(callback, f))
         return fut
 
-    async def _admit(self, part: _PartitionProducer, txn: AsyncTransaction | None) -> TxnID:
+    async def _admit(self, part: PartitionProducer, txn: AsyncTransaction | None) -> TxnID:
         """Register ``part`` in ``txn`` (once) and wait for room in its pending window; the txn id to send."""
         tid = _NO_TXN
         if txn is not None:
-            reg = txn._partitions.get(part.topic)  # noqa: SLF001
-            if reg is None or not reg.done() or reg.exception() is not None:
+            if not txn.partition_registered(part.topic):
                 await txn.register_partition(part.topic)
             txn.check_open()
             tid = txn.id
         if not part.has_space():
             if not self.conf.block_if_queue_full:
                 raise ProducerQueueIsFull(
-                    f"pending window of {part._window} messages is full", topic=part.topic  # noqa: SLF001
+                    f"pending window of {part.window} messages is full", topic=part.topic
                 )
             await part.wait_space()
             part.check_usable()
@@ -683,7 +703,7 @@ class AsyncProducer:
         """
         if not entries:
             raise ValueError("a batch needs at least one message")
-        data: list[BatchEntry] = [(self._check(e[0]), *e[1:]) for e in entries]  # type: ignore[misc]
+        data: list[BatchEntry] = [(self.check_content(e[0]), *e[1:]) for e in entries]  # type: ignore[misc]
         part = self._route(data[0][2])
         part.check_usable()
         tid = await self._admit(part, txn)
@@ -702,7 +722,7 @@ class AsyncProducer:
         block: bool = True,
     ) -> asyncio.Future[MessageId] | None:
         """Queue a non-transactional message without awaiting; ``None`` if the window is full."""
-        data = self._check(content)
+        data = self.check_content(content)
         part = self._route(partition_key)
         if not part.has_space():
             if block:
@@ -764,10 +784,11 @@ class AsyncProducer:
 
     def is_connected(self) -> bool:
         """True when every partition has a live broker connection."""
-        return all(p._ready for p in self._parts)  # noqa: SLF001
+        return all(p.ready for p in self._parts)
 
 
-def _run_callback(callback: Callable[[Result, MessageId | None], Any], fut: asyncio.Future[MessageId]) -> None:
+def run_callback(callback: Callable[[Result, MessageId | None], Any], fut: asyncio.Future[MessageId]) -> None:
+    """Call a send callback ``(result, message_id)`` for a settled send future; a raising callback is logged."""
     try:
         if fut.cancelled():
             callback(Result.UnknownError, None)

@@ -20,7 +20,7 @@ class AsyncReader:
 
     def __init__(self, consumer: AsyncConsumer, start: MessageId, inclusive: bool) -> None:
         self._consumer = consumer
-        self._sub = consumer._subs[0]  # noqa: SLF001
+        self._sub = consumer.topic_consumers[0]
         self._start = start
         self._inclusive = inclusive
         self._last: MessageId | None = None
@@ -46,9 +46,13 @@ class AsyncReader:
             self._sub.resume_from = mid
             return m
 
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message stored on the topic (ledger -1 if it is empty)."""
+        return await self._sub.get_last_message_id()
+
     async def has_message_available(self) -> bool:
         """True if a message after the last one read is stored on the topic."""
-        if len(self._consumer._queue):  # noqa: SLF001
+        if len(self._consumer.receive_queue):
             return True
         last = await self._sub.get_last_message_id()
         if last.entry_id == 0xFFFFFFFFFFFFFFFF or last.ledger_id == 0xFFFFFFFFFFFFFFFF:
@@ -98,6 +102,6 @@ async def create_reader(
         start_message_id=start_message_id,
     )
     c = AsyncConsumer(ctx, [name], conf)
-    await c._start()  # noqa: SLF001
+    await c.start()
     ctx.register(c)
     return AsyncReader(c, start_message_id, start_message_id_inclusive)

@@ -26,7 +26,7 @@ class QueuedError:
     """
 
     __slots__ = ("error", "owner")
-    _consumer = None
+    consumer = None
 
     def __init__(self, error: BaseException, owner: Any) -> None:
         self.error = error
@@ -48,6 +48,11 @@ class ReceiveQueue:
 
     def __len__(self) -> int:
         return len(self._dq)
+
+    def snapshot(self) -> list[Any]:
+        """A copy of what is queued, oldest first (for inspection; takes nothing out)."""
+        with self._lock:
+            return list(self._dq)
 
     def put_many(self, items: list[Any]) -> None:
         """Append messages (event-loop thread)."""
@@ -84,12 +89,12 @@ class ReceiveQueue:
             if not self._dq:
                 return None
             item = self._dq.popleft()
-            sub = item._consumer  # noqa: SLF001
+            sub = item.consumer
             flow = 0
             if sub is not None:  # _count_locked(sub, 1), inlined: this runs once per message
-                sub._taken += 1  # noqa: SLF001
-                if sub._taken >= sub._threshold:  # noqa: SLF001
-                    flow, sub._taken = sub._taken, 0  # noqa: SLF001
+                sub.taken += 1
+                if sub.taken >= sub.threshold:
+                    flow, sub.taken = sub.taken, 0
             elif type(item) is QueuedError:
                 raise item.error
         if flow:
@@ -143,7 +148,7 @@ class ReceiveQueue:
     def reset(self, sub: Any) -> None:
         """Forget ``sub``'s uncounted permits (after a resubscribe grants a full queue again)."""
         with self._lock:
-            sub._taken = 0  # noqa: SLF001
+            sub.taken = 0
 
     def close(self, reason: BaseException | None = None) -> None:
         """Wake every waiter with ``reason`` (default :class:`AlreadyClosed`)."""
@@ -157,9 +162,9 @@ class ReceiveQueue:
 
 
 def _count_locked(sub: Any, n: int) -> int:
-    sub._taken += n  # noqa: SLF001
-    if sub._taken >= sub._threshold:  # noqa: SLF001
-        out, sub._taken = sub._taken, 0  # noqa: SLF001
+    sub.taken += n
+    if sub.taken >= sub.threshold:
+        out, sub.taken = sub.taken, 0
         return out
     return 0
 

@@ -1,7 +1,7 @@
 """Synchronous facade: ``Client``, ``Producer``, ``Consumer``, ``Transaction``.
 
-One event loop runs the asyncio core in a daemon thread; every blocking call
-hands a coroutine to it and waits. Hot paths avoid a round trip per call:
+One event loop runs the asyncio core in a daemon thread (:class:`txn.bridge.LoopThread`);
+every blocking call hands a coroutine to it and waits. Hot paths avoid a round trip per call:
 ``send_async`` queues into a thread-safe inbox drained by the loop, ``receive``
 pops from the thread-safe receive queue, and plain acks are grouped.
 """
@@ -9,57 +9,35 @@ pops from the thread-safe receive queue, and plain acks are grouped.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from .auth import Authentication
+from .bridge import LoopThread
 from .client import AsyncClient
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
-from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result, Timeout
+from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
 from .message import Message, MessageId
 from .pool import MAX_PARTITIONS
-from .producer import AsyncProducer, _run_callback
+from .producer import AsyncProducer, run_callback
 from .protocol import CompressionType
 from .transaction import AsyncTransaction, TxnState
-
-R = TypeVar("R")
-
-
-class _LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="txn-loop", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking txn call made from a txn callback; use the async API there")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise Timeout(f"operation did not finish within {timeout}s") from None
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
 
 
 class Transaction:
     """A Pulsar transaction (blocking API). ``with txn:`` commits, or aborts on an exception."""
 
-    def __init__(self, inner: AsyncTransaction, lt: _LoopThread) -> None:
+    def __init__(self, inner: AsyncTransaction, lt: LoopThread) -> None:
         self._inner = inner
         self._lt = lt
+
+    @property
+    def async_transaction(self) -> AsyncTransaction:
+        """The asyncio transaction this one wraps."""
+        return self._inner
 
     @property
     def id(self) -> Any:
@@ -92,15 +70,20 @@ class Transaction:
 class Producer:
     """A producer (blocking API); see :class:`~txn.producer.AsyncProducer`."""
 
-    def __init__(self, inner: AsyncProducer, lt: _LoopThread) -> None:
+    def __init__(self, inner: AsyncProducer, lt: LoopThread) -> None:
         self._inner = inner
         self._lt = lt
-        window = inner.conf.max_pending_messages * max(len(inner._parts), 1)  # noqa: SLF001
+        window = inner.conf.max_pending_messages * max(len(inner.partition_producers), 1)
         window = min(window, max(inner.conf.max_pending_messages_across_partitions, inner.conf.max_pending_messages))
         self._slots = threading.BoundedSemaphore(window)
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._drain_scheduled = False
         self._lock = threading.Lock()
+
+    @property
+    def async_producer(self) -> AsyncProducer:
+        """The asyncio producer this one wraps."""
+        return self._inner
 
     def topic(self) -> str:
         """The topic."""
@@ -131,7 +114,7 @@ class Producer:
                 partition_key=partition_key,
                 event_timestamp=event_timestamp,
                 sequence_id=sequence_id,
-                txn=txn._inner if txn is not None else None,  # noqa: SLF001
+                txn=txn.async_transaction if txn is not None else None,
             )
         )
 
@@ -150,9 +133,9 @@ class Producer:
         Blocks while the pending window is full if ``block_if_queue_full`` was set,
         otherwise raises :class:`ProducerQueueIsFull`.
         """
-        self._inner._check(content)  # noqa: SLF001
+        self._inner.check_content(content)
         if txn is not None:
-            t = txn._inner  # noqa: SLF001
+            t = txn.async_transaction
             t.check_open()
 
             async def go() -> None:
@@ -170,7 +153,7 @@ class Producer:
             if self._drain_scheduled:
                 return
             self._drain_scheduled = True
-        self._lt.loop.call_soon_threadsafe(self._drain)
+        self._lt.call_soon(self._drain)
 
     def _drain(self) -> None:
         with self._lock:
@@ -194,13 +177,13 @@ class Producer:
             fut.add_done_callback(lambda f, cb=cb: self._done(f, cb))
 
     async def _wait_and_drain(self) -> None:
-        await asyncio.gather(*(p.wait_space() for p in self._inner._parts))  # noqa: SLF001
+        await self._inner.wait_space()
         self._drain()
 
     def _done(self, fut: asyncio.Future[MessageId], cb: Callable[..., Any] | None) -> None:
         self._slots.release()
         if cb is not None:
-            _run_callback(cb, fut)
+            run_callback(cb, fut)
 
     def flush(self) -> None:
         """Block until every queued message is confirmed."""
@@ -215,7 +198,7 @@ class Producer:
 
     def close(self) -> None:
         """Flush and close."""
-        if self._inner._closed:  # noqa: SLF001
+        if self._inner.closed:
             return
         self.flush()
         self._lt.run(self._inner.close())
@@ -237,9 +220,14 @@ def _call_cb(cb: Callable[..., Any], res: Result, mid: MessageId | None) -> None
 class Consumer:
     """A consumer (blocking API); see :class:`~txn.consumer.AsyncConsumer`."""
 
-    def __init__(self, inner: AsyncConsumer, lt: _LoopThread) -> None:
+    def __init__(self, inner: AsyncConsumer, lt: LoopThread) -> None:
         self._inner = inner
         self._lt = lt
+
+    @property
+    def async_consumer(self) -> AsyncConsumer:
+        """The asyncio consumer this one wraps."""
+        return self._inner
 
     def topic(self) -> str:
         """The (first) topic."""
@@ -251,21 +239,21 @@ class Consumer:
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
-        self._inner._check()  # noqa: SLF001
-        return self._inner._queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)  # noqa: SLF001
+        self._inner.check_open()
+        return self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
         """Acknowledge; with ``txn`` it blocks until the broker accepted the transactional ack."""
         if txn is None:
-            sub = getattr(message_or_id, "_consumer", None)
-            if sub is not None and sub.parent is self._inner and not self._inner._closed:  # noqa: SLF001
-                sub._ack_inbox.append((message_or_id, False))  # noqa: SLF001 - fast path
+            sub = getattr(message_or_id, "consumer", None)
+            if sub is not None and sub.parent is self._inner and not self._inner.closed:
+                sub.ack_local(message_or_id, False)  # fast path: grouped, sent by the loop's ticker
                 return
             self._inner.acknowledge_nowait(message_or_id)
             return
 
         async def go() -> None:
-            await self._inner.acknowledge(message_or_id, txn._inner)  # noqa: SLF001
+            await self._inner.acknowledge(message_or_id, txn.async_transaction)
 
         self._lt.run(go())
 
@@ -274,15 +262,15 @@ class Consumer:
         if txn is None:
             self._inner.acknowledge_nowait(message_or_id, cumulative=True)
             return
-        self._lt.run(self._inner.acknowledge_cumulative(message_or_id, txn._inner))  # noqa: SLF001
+        self._lt.run(self._inner.acknowledge_cumulative(message_or_id, txn.async_transaction))
 
     def acknowledge_many(self, messages: list[Message], txn: Transaction) -> None:
         """Acknowledge ``messages`` inside ``txn``; blocks until the broker took every ack."""
-        self._lt.run(self._inner.acknowledge_many(messages, txn._inner))  # noqa: SLF001
+        self._lt.run(self._inner.acknowledge_many(messages, txn.async_transaction))
 
     def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
         """Redeliver after the negative-ack delay."""
-        self._inner._check()  # noqa: SLF001
+        self._inner.check_open()
 
         async def go() -> None:
             self._inner.negative_acknowledge(message_or_id)
@@ -313,9 +301,14 @@ class Consumer:
 class Reader:
     """A reader (blocking API); see :class:`~txn.reader.AsyncReader`."""
 
-    def __init__(self, inner: Any, lt: _LoopThread) -> None:
+    def __init__(self, inner: Any, lt: LoopThread) -> None:
         self._inner = inner
         self._lt = lt
+
+    @property
+    def async_reader(self) -> Any:
+        """The asyncio reader (:class:`~txn.reader.AsyncReader`) this one wraps."""
+        return self._inner
 
     def topic(self) -> str:
         """The topic read."""
@@ -351,7 +344,7 @@ class Client:
         max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
         max_uncompressed_message_size: int | None = None,
     ) -> None:
-        self._lt = _LoopThread()
+        self._lt = LoopThread()
         self._closed = False
 
         async def make() -> AsyncClient:
@@ -372,12 +365,27 @@ class Client:
         try:
             self._inner = self._lt.run(make())
         except BaseException:
-            self._lt.stop()
+            self._lt.close()
             raise
 
     def _check(self) -> None:
         if self._closed:
             raise AlreadyClosed("client is closed")
+
+    @property
+    def bridge(self) -> LoopThread:
+        """The thread and event loop this client's asyncio core runs on (to run more coroutines there)."""
+        return self._lt
+
+    @property
+    def async_client(self) -> AsyncClient:
+        """The asyncio client this one wraps (use it only on :attr:`bridge`'s loop)."""
+        return self._inner
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
 
     def __enter__(self) -> Client:
         return self
@@ -443,7 +451,7 @@ class Client:
         try:
             self._lt.run(self._inner.close(), timeout=60)
         finally:
-            self._lt.stop()
+            self._lt.close()
 
 
 __all__ = ["Client", "Consumer", "Producer", "Reader", "Transaction", "CompressionType"]

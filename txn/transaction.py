@@ -58,6 +58,16 @@ class AsyncTransaction:
         return f"Transaction(id={self.id}, state={self.state.value})"
 
     @property
+    def opened_at(self) -> float:
+        """When this handle was made, on the :func:`time.monotonic` clock."""
+        return self._opened
+
+    def partition_registered(self, topic: str) -> bool:
+        """True once ``topic`` (a partition) was added to the transaction on the coordinator."""
+        reg = self._partitions.get(topic)
+        return reg is not None and reg.done() and reg.exception() is None
+
+    @property
     def expired(self) -> bool:
         """True once the transaction's timeout has passed (the broker aborts it)."""
         return time.monotonic() >= self._deadline

@@ -22,8 +22,8 @@ EntryKey = tuple[str, int, int]
 def entry_of(m: Message) -> tuple[EntryKey, bool] | None:
     """((topic, ledger, entry), whether more of the entry can follow ``m``), or None if unbatched."""
     if type(m) is ReceivedMessage:
-        ledger, entry, _partition, size = m._entry  # noqa: SLF001
-        index = m._index  # noqa: SLF001
+        ledger, entry, _partition, size = m.entry
+        index = m.batch_index
     else:
         mid = m.message_id()
         ledger, entry, size, index = mid.ledger_id, mid.entry_id, mid.batch_size, mid.batch_index

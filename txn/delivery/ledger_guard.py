@@ -121,6 +121,10 @@ class CommittedInputs:
         mid = m.message_id()
         self.add(m.topic_name(), mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size)
 
+    def is_whole_entry(self, topic: str, ledger: int, entry: int) -> bool:
+        """True when the entry is held whole (one marker), not as a set of batch indexes."""
+        return (topic, ledger, entry) in self._entries and self._entries[(topic, ledger, entry)] is None
+
     def contains(self, m: Message) -> bool:
         """True if ``m``'s id is known to be committed."""
         mid = m.message_id()

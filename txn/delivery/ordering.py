@@ -400,8 +400,6 @@ class OrderingGuard:
     async def gate(self, proc: AsyncProcessor, batch: list[Message]) -> list[Message]:
         """The processor's hook after collecting a batch: returns what to process now, in order;
         holds the rest; parks what hit a bound (through the processor's parking)."""
-        from .processor import BatchFailed
-
         self.attach(None, proc.config.job)
         self._txn_timeout_s = proc.config.txn_timeout_ms / 1000.0
         pending: list[str] = []
@@ -416,8 +414,8 @@ class OrderingGuard:
         while self._parks:
             m, why = self._parks.popleft()
             before = proc.stats.parked
-            await proc._park(m, BatchFailed(why, m), 0, f"{proc.config.job}:ordering")  # noqa: SLF001
-            if proc.stats.parked > before:  # the processor's _park called on_parked
+            await proc.park_message(m, why, f"{proc.config.job}:ordering")
+            if proc.stats.parked > before:  # the processor's parking called on_parked
                 self.parked_count += 1
         return batch
 

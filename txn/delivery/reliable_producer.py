@@ -179,7 +179,7 @@ class AsyncReliableProducer:
                     self._dispatch(r, None, fut)
             if self._outbox is not None:
                 self._writer = loop.create_task(self._write_loop())
-            self._client._producers.add(self)  # type: ignore[arg-type]  # noqa: SLF001  # client.close() closes us
+            self._client.context.register(self)  # client.close() closes us
         except BaseException:
             await self._teardown()
             raise
@@ -249,7 +249,7 @@ class AsyncReliableProducer:
 
     async def _teardown(self) -> None:
         self._closed = True
-        self._client._forget(self)  # noqa: SLF001
+        self._client.context.forget(self)
         if self._core is not None:
             await self._core.close()
         if self._writer is not None:
@@ -262,7 +262,7 @@ class AsyncReliableProducer:
         if self._exec is not None:
             self._exec.shutdown(wait=False)
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Release the outbox file when the client's loop is already gone (no async close possible)."""
         self._closed = True
         if self._outbox is not None:
@@ -295,7 +295,7 @@ class AsyncReliableProducer:
         back, also after a crash. Raises at once, storing nothing, on a closed producer, bad content
         or properties, or :class:`~txn.MessageTooBig`.
         """
-        data = self._check(content, properties)
+        data = self.check_content(content, properties)
         if checkpoint is not None and self._outbox is None:
             raise ValueError("checkpoint needs an outbox")
         await self._acquire()
@@ -312,7 +312,7 @@ class AsyncReliableProducer:
         await asyncio.shield(stored)
         return fut
 
-    def _send_nowait(
+    def send_nowait(
         self,
         data: bytes,
         callback: Callback | None,
@@ -386,6 +386,21 @@ class AsyncReliableProducer:
         return self._core.producer_name() if self._core is not None else (self._name or "")
 
     @property
+    def closed(self) -> bool:
+        """True once closing started."""
+        return self._closed
+
+    @property
+    def outbox(self) -> Outbox | None:
+        """The durable outbox (None without ``outbox_path``, and after close)."""
+        return self._outbox
+
+    @property
+    def core(self) -> AsyncProducer | None:
+        """The underlying :class:`~txn.producer.AsyncProducer` (None before :meth:`start`)."""
+        return self._core
+
+    @property
     def in_flight(self) -> int:
         """Accepted messages not yet confirmed or nacked (never more than ``window`` once recovery is done)."""
         return self._in_flight
@@ -404,7 +419,8 @@ class AsyncReliableProducer:
     async def _run(self, fn: Callable[..., R], *args: Any) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 
-    def _check(self, content: Any, properties: dict[str, str] | None) -> bytes:
+    def check_content(self, content: Any, properties: dict[str, str] | None) -> bytes:
+        """``content`` as bytes, checked (type, properties, size); raises if closed or not started."""
         if self._closed:
             raise AlreadyClosed("reliable producer is closed", topic=self._topic)
         if self._core is None:
@@ -567,9 +583,9 @@ class ReliableProducer:
         **producer_options: Any,
     ) -> None:
         self._client = client
-        self._lt = client._lt  # noqa: SLF001
+        self._lt = client.bridge
         self._inner = AsyncReliableProducer(
-            client._inner, topic, window=window, outbox_path=outbox_path,  # noqa: SLF001
+            client.async_client, topic, window=window, outbox_path=outbox_path,
             producer_name=producer_name, admin_url=admin_url, require_dedup=require_dedup, **producer_options,
         )
         self._lt.run(self._inner.start())
@@ -596,16 +612,16 @@ class ReliableProducer:
         """
 
         inner = self._inner
-        if inner._outbox is not None or checkpoint is not None:  # noqa: SLF001
+        if inner.outbox is not None or checkpoint is not None:
 
             async def go() -> concurrent.futures.Future[MessageId]:
                 return _to_concurrent(await inner.send_async(
                     content, callback, properties, partition_key, event_timestamp, checkpoint))
 
             return self._lt.run(go())
-        data = inner._check(content, properties)  # noqa: SLF001
+        data = inner.check_content(content, properties)
         self._slots.acquire()
-        if inner._closed:  # noqa: SLF001
+        if inner.closed:
             self._slots.release()
             raise AlreadyClosed("reliable producer is closed", topic=inner.topic())
         cf: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
@@ -615,7 +631,7 @@ class ReliableProducer:
             if self._drain_scheduled:
                 return cf
             self._drain_scheduled = True
-        self._lt.loop.call_soon_threadsafe(self._drain)
+        self._lt.call_soon(self._drain)
         return cf
 
     def _drain(self) -> None:
@@ -625,7 +641,7 @@ class ReliableProducer:
         while self._inbox:
             data, callback, properties, key, ts, cf = self._inbox.popleft()
             try:
-                fut = self._inner._send_nowait(data, callback, properties, key, ts)  # noqa: SLF001
+                fut = self._inner.send_nowait(data, callback, properties, key, ts)
             except PulsarError as exc:
                 self._slots.release()
                 cf.set_exception(exc)
@@ -661,8 +677,8 @@ class ReliableProducer:
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` s) and close; see :meth:`AsyncReliableProducer.close`."""
-        if self._client._closed:  # noqa: SLF001  # its loop is gone: just release the outbox
-            self._inner._abandon()  # noqa: SLF001
+        if self._client.closed:  # its loop is gone: just release the outbox
+            self._inner.abandon()
             return
         self._run_after_inbox(lambda: self._inner.close(timeout))
 
@@ -671,6 +687,11 @@ class ReliableProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def async_producer(self) -> AsyncReliableProducer:
+        """The :class:`AsyncReliableProducer` this one wraps (run on the client's :attr:`~txn.Client.bridge`)."""
+        return self._inner
 
     def topic(self) -> str:
         """The topic."""

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..bridge import run_blocking
 from ..client import AsyncClient
 from ..consumer import ConsumerType, InitialPosition
 from ..errors import PulsarError, Timeout
@@ -238,4 +239,4 @@ def replay(service_url: str, batch_id: str, ledger_topic: str, handler: Callable
             return await replay_batch(client, batch_id, ledger_topic, handler, output, transform=transform,
                                       replayer=replayer)
 
-    return asyncio.run(main())
+    return run_blocking(main(), "replay()")

@@ -65,7 +65,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._ledger: AsyncProducer | None = None
         self._stopping = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(max(1, config.max_inflight_commits))
+        #: Bounds the commits in flight (``max_inflight_commits``); a benchmark may swap in an instrumented one.
+        self.commit_slots = asyncio.Semaphore(max(1, config.max_inflight_commits))
         self._progress = progress
         self._async_handler = is_async(handler)
         self.fatal: BaseException | None = None
@@ -76,6 +77,16 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
         #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
         self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
+
+    @property
+    def consumer(self) -> AsyncConsumer | None:
+        """The consumer on the inputs (None before :meth:`start`)."""
+        return self._consumer
+
+    @property
+    def inflight_commits(self) -> int:
+        """Batches whose commit is still running in the background."""
+        return len(self._inflight)
 
     # ---------------------------------------------------------------- lifecycle
 

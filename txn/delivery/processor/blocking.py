@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from ...bridge import run_blocking
 from ...client import AsyncClient
 from ...message import Message
 from .async_processor import AsyncProcessor
@@ -61,7 +62,7 @@ class Processor:
     def run(self, max_batches: int | None = None, idle_exit_ms: int | None = None,
             install_signal_handlers: bool = True) -> ProcessorStats:
         """Run until stopped; returns the final stats."""
-        return asyncio.run(self._main(max_batches, idle_exit_ms, install_signal_handlers))
+        return run_blocking(self._main(max_batches, idle_exit_ms, install_signal_handlers), "Processor.run()")
 
     async def _main(self, max_batches: int | None, idle_exit_ms: int | None, signals: bool) -> ProcessorStats:
         self._loop = asyncio.get_running_loop()

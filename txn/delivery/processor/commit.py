@@ -57,7 +57,7 @@ class CommitPipeline:
     _ledger: AsyncProducer | None
     _stopping: asyncio.Event
     _inflight: set[asyncio.Task[None]]
-    _slots: asyncio.Semaphore
+    commit_slots: asyncio.Semaphore
     _async_handler: bool
     _next_txn: asyncio.Task[AsyncTransaction] | None
     _guard_synced: int
@@ -71,7 +71,7 @@ class CommitPipeline:
                 t = await task
             except PulsarError as exc:
                 raise _Transient(exc) from exc
-            age_ms = (time.monotonic() - t._opened) * 1000  # noqa: SLF001
+            age_ms = (time.monotonic() - t.opened_at) * 1000
             if age_ms < c.txn_timeout_ms / 2:
                 return t
             await _discard_txn(t)
@@ -181,7 +181,7 @@ class CommitPipeline:
             # A broker-side failure before any ack: nothing was acknowledged, so retry the batch.
             await self._abort(t, batch_id, attempt, inputs, started, exc)
             raise _Transient(exc) from exc
-        await self._slots.acquire()
+        await self.commit_slots.acquire()
         task = asyncio.get_running_loop().create_task(
             self._finish(t, msgs, batch_id, attempt, inputs, counts, started, generation, fresh, duplicates)
         )
@@ -287,7 +287,7 @@ class CommitPipeline:
             self.fatal = exc
             raise
         finally:
-            self._slots.release()
+            self.commit_slots.release()
 
     async def _abort(
         self,

@@ -46,6 +46,10 @@ class Parking:
     _consumer: AsyncConsumer | None
     _ledger: AsyncProducer | None
 
+    async def park_message(self, m: Message, why: BaseException, batch_id: str) -> None:
+        """Park ``m`` for a reason found outside a batch attempt (e.g. the ordering guard's), under ``batch_id``."""
+        await self._park(m, BatchFailed(why, m), 0, batch_id)
+
     async def _park(self, m: Message, failure: BatchFailed, attempts: int, batch_id: str) -> None:
         """Move a poison message to the parking topic, atomically with its ack."""
         c = self.config
