@@ -361,7 +361,7 @@ def api_mix(info: LedgerInfo, *, seed: int = 7, exclusive: bool = True) -> Calla
     def metrics() -> Req:
         def check(status: int, body: bytes, ctype: str) -> str | None:
             text = body.decode(errors="replace")
-            if not ctype.startswith("text/plain") or 'pulsar_txn_transactions{state="COMMITTED"}' not in text:
+            if not ctype.startswith("text/plain") or "# TYPE pulsartxn_transactions_total counter" not in text:
                 return f"not the metrics text ({ctype}): {text[:200]}"
             return None
         return Req("GET /metrics", "/metrics", check)

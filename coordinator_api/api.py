@@ -365,6 +365,6 @@ async def quarantine(
 
 @reads.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **AUTH_ERRORS})
 async def prometheus(c: Core = Depends(core)) -> Response:
-    """Prometheus text format: transactions by state, batches, replays, commit latency."""
-    body = await asyncio.to_thread(metrics.render, c.reader, c.projector)
+    """Prometheus text format: transactions, batches, volumes, commit latency, last commit and backlog per job."""
+    body = await asyncio.to_thread(metrics.render, c.reader, c.projector, c.live)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

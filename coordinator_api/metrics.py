@@ -1,74 +1,236 @@
 """Prometheus metrics, computed from the database at scrape time (so every replica agrees and a
-restart loses nothing)."""
+restart loses nothing), plus each job's subscription backlog from the broker's admin API.
+
+Every series is named ``pulsartxn_*``, never ``pulsar_txn_*`` (the broker's own transaction
+series); running totals are counters ending ``_total``; per-job series carry a ``job`` label:
+
+=============================================  =========  =====================================================
+series                                         type       what
+=============================================  =========  =====================================================
+``pulsartxn_transactions_total``               counter    ended transactions by ``job``, ``state`` (COMMITTED,
+                                                          ABORTED); parking and replay transactions included
+``pulsartxn_open_transactions``                gauge      transactions the ledger shows open, by ``job``
+``pulsartxn_batches``                          gauge      batches by ``job`` and current ``status``
+``pulsartxn_committed_messages_total``         counter    inputs of committed (or replayed) batches, by ``job``
+``pulsartxn_committed_outputs_total``          counter    outputs of committed (or replayed) batches, by ``job``
+``pulsartxn_commit_latency_seconds``           histogram  open-to-commit time of committed transactions, by ``job``
+``pulsartxn_last_commit_timestamp_seconds``    gauge      end time of the job's last committed batch
+``pulsartxn_seconds_since_last_commit``        gauge      now minus that
+``pulsartxn_subscription_backlog_messages``    gauge      backlog of the job's subscription per input topic
+                                                          (``job``, ``topic``, ``subscription``)
+``pulsartxn_replays``                          gauge      replays requested over REST by ``status``
+``pulsartxn_quarantined_records_total``        counter    ledger messages quarantined by the projection
+``pulsartxn_projected_records_total``          counter    ledger records projected by this process
+=============================================  =========  =====================================================
+
+The backlog: a job's inputs and subscription come from its latest STARTED record (the processor
+and the Spark runtime write them in the record's ``config``); the topic stats are read through
+:class:`txn.delivery.processor.metrics.BacklogProbe`, cached for :data:`BACKLOG_TTL_S`, for at
+most :data:`MAX_BACKLOG_JOBS` jobs.
+"""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine
+from sqlalchemy import Engine, case, func, select
 
-from txn.delivery.ledger import KINDS
+from txn.delivery.ledger import KINDS, Kind
+from txn.delivery.processor.metrics import BacklogProbe
 
-from . import queries
+from . import db, queries
+from .live import Live
 
+PREFIX = "pulsartxn"
 #: Commit-latency histogram bounds in seconds (ascending).
 LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 TXN_STATES = ("OPEN", "COMMITTED", "ABORTED")
 BATCH_STATUSES = KINDS  # a batch's status is the kind of its deciding record
 REPLAY_STATUSES = ("accepted", "running", "succeeded", "noop", "failed")
+DONE = (Kind.COMMITTED.value, Kind.REPLAYED.value)
+BACKLOG_TTL_S = 30.0
+MAX_BACKLOG_JOBS = 100
+#: Every series this module exports (the dashboard test checks its queries against these).
+METRIC_NAMES = tuple(f"{PREFIX}_{n}" for n in (
+    "transactions_total", "open_transactions", "batches", "committed_messages_total", "committed_outputs_total",
+    "commit_latency_seconds", "last_commit_timestamp_seconds", "seconds_since_last_commit",
+    "subscription_backlog_messages", "replays", "quarantined_records_total", "projected_records_total"))
+
+_b, _t, _r = db.batches, db.transactions, db.ledger_records
+_TXNS_BY_JOB = select(_t.c.job, _t.c.state, func.count()).group_by(_t.c.job, _t.c.state)
+_BATCHES_BY_JOB = (select(_b.c.job, _b.c.status, func.count(), func.sum(_b.c.inputs), func.sum(_b.c.outputs),
+                          func.max(_b.c.ended_at_ms))
+                   .group_by(_b.c.job, _b.c.status))
+_bucket = case(*((_t.c.duration_ms <= b * 1000, i) for i, b in enumerate(LATENCY_BOUNDS_S)),
+               else_=len(LATENCY_BOUNDS_S)).label("bucket")
+_lat = select(_t.c.job, _bucket, _t.c.duration_ms).where(_t.c.state == "COMMITTED",
+                                                         _t.c.duration_ms.is_not(None)).subquery()
+_LATENCY_BY_JOB = select(_lat.c.job, _lat.c.bucket, func.count(), func.sum(_lat.c.duration_ms)).group_by(
+    _lat.c.job, _lat.c.bucket)
+_LATEST_STARTED = (select(_r.c.job, func.max(_r.c.id)).where(_r.c.kind == Kind.STARTED.value).group_by(_r.c.job)
+                   .limit(MAX_BACKLOG_JOBS))
+
+
+class _Backlogs:
+    """Backlog probes per (admin URL, job, subscription, inputs), bounded and cached."""
+
+    def __init__(self) -> None:
+        self._probes: OrderedDict[tuple[Any, ...], BacklogProbe] = OrderedDict()
+        self._jobs: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._jobs_read_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def _job_inputs(self, engine: Engine) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Job -> (subscription, inputs) from each job's latest STARTED record (re-read every TTL)."""
+        if time.monotonic() - self._jobs_read_at < BACKLOG_TTL_S:
+            return self._jobs
+        found: dict[str, tuple[str, tuple[str, ...]]] = {}
+        with engine.connect() as conn:
+            ids = [i for _, i in conn.execute(_LATEST_STARTED).all()]
+            rows = conn.execute(select(_r.c.job, _r.c.record).where(_r.c.id.in_(ids))).all() if ids else []
+        for job, raw in rows:
+            try:
+                config = json.loads(raw).get("config") or {}
+            except (ValueError, AttributeError):
+                continue
+            sub, inputs = config.get("subscription"), config.get("inputs")
+            if isinstance(sub, str) and isinstance(inputs, list) and all(isinstance(t, str) for t in inputs):
+                found[job] = (sub, tuple(inputs))
+        self._jobs, self._jobs_read_at = found, time.monotonic()
+        return found
+
+    def read(self, engine: Engine, live: Live) -> dict[str, tuple[str, dict[str, int]]]:
+        """Job -> (subscription, topic -> backlog)."""
+        with self._lock:
+            out = {}
+            for job, (sub, inputs) in sorted(self._job_inputs(engine).items()):
+                key = (live.admin_url, job, sub, inputs)
+                probe = self._probes.get(key)
+                if probe is None:
+                    try:
+                        probe = BacklogProbe(live.admin_url, sub, list(inputs), token=live.token,
+                                             context=live.context, ttl_s=BACKLOG_TTL_S, timeout_s=live.timeout)
+                    except ValueError:  # a topic name this version cannot parse
+                        continue
+                    self._probes[key] = probe
+                    while len(self._probes) > MAX_BACKLOG_JOBS:
+                        self._probes.popitem(last=False)
+                self._probes.move_to_end(key)
+                out[job] = (sub, probe.backlog())
+            return out
+
+
+_backlogs = _Backlogs()
 
 
 class StateCollector(Collector):
-    """Transactions by state, batches by status, replays by status, commit latency."""
+    """Transactions, batches, volumes, commit latency and last commit per job; replays; quarantine;
+    the projection's progress; each job's backlog (with ``live``)."""
 
-    def __init__(self, engine: Engine, projector: Any = None) -> None:
+    def __init__(self, engine: Engine, projector: Any = None, live: Live | None = None) -> None:
         self.engine = engine
         self.projector = projector
+        self.live = live
 
     def collect(self) -> Iterator[Any]:
         with self.engine.connect() as conn:  # one connection; every figure read in it
-            by_state = queries.count_by(conn, "transactions", "state")
-            by_status = queries.count_by(conn, "batches", "status")
+            txns = conn.execute(_TXNS_BY_JOB).all()
+            batches = conn.execute(_BATCHES_BY_JOB).all()
+            latency = conn.execute(_LATENCY_BY_JOB).all()
             reps = queries.count_by(conn, "replays", "status")
             quarantined = queries.count_by(conn, "quarantine", "topic")
-            cum, count, total_ms = queries.latency_histogram(conn, [b * 1000 for b in LATENCY_BOUNDS_S])
-        g = GaugeMetricFamily("pulsar_txn_transactions", "Transactions in the ledger by state", labels=["state"])
-        for s in TXN_STATES:
-            g.add_metric([s], by_state.get(s, 0))
-        yield g
-        g = GaugeMetricFamily("pulsar_txn_batches", "Batches by status", labels=["status"])
-        for s in BATCH_STATUSES:
-            g.add_metric([s], by_status.get(s, 0))
-        yield g
-        g = GaugeMetricFamily("pulsar_txn_replays", "Replays requested over REST by status", labels=["status"])
+        now = time.time()
+        jobs = sorted({r[0] for r in txns} | {r[0] for r in batches})
+        ended = CounterMetricFamily(f"{PREFIX}_transactions", "Ended transactions in the ledger by job and state",
+                                    labels=["job", "state"])
+        open_ = GaugeMetricFamily(f"{PREFIX}_open_transactions", "Transactions the ledger shows open, by job",
+                                  labels=["job"])
+        by_job_state = {(j, s): int(n) for j, s, n in txns}
+        for j in jobs:
+            for s in ("COMMITTED", "ABORTED"):
+                ended.add_metric([j, s], by_job_state.get((j, s), 0))
+            open_.add_metric([j], by_job_state.get((j, "OPEN"), 0))
+        yield ended
+        yield open_
+        g = GaugeMetricFamily(f"{PREFIX}_batches", "Batches by job and current status", labels=["job", "status"])
+        msgs = CounterMetricFamily(f"{PREFIX}_committed_messages", "Inputs of committed or replayed batches",
+                                   labels=["job"])
+        outs = CounterMetricFamily(f"{PREFIX}_committed_outputs", "Outputs of committed or replayed batches",
+                                   labels=["job"])
+        last_ts = GaugeMetricFamily(f"{PREFIX}_last_commit_timestamp_seconds",
+                                    "End time of the job's last committed batch", labels=["job"])
+        since = GaugeMetricFamily(f"{PREFIX}_seconds_since_last_commit",
+                                  "Seconds since the job's last committed batch", labels=["job"])
+        per: dict[str, dict[str, Any]] = {}
+        for j, status, n, ins, outputs, last in batches:
+            p = per.setdefault(j, {"status": {}, "in": 0, "out": 0, "last": None})
+            p["status"][status] = int(n)
+            if status in DONE:
+                p["in"] += int(ins or 0)
+                p["out"] += int(outputs or 0)
+                if last is not None and status == Kind.COMMITTED.value:
+                    p["last"] = max(p["last"] or 0, int(last))
+        for j in jobs:
+            p = per.get(j, {"status": {}, "in": 0, "out": 0, "last": None})
+            for s in BATCH_STATUSES:
+                g.add_metric([j, s], p["status"].get(s, 0))
+            msgs.add_metric([j], p["in"])
+            outs.add_metric([j], p["out"])
+            if p["last"] is not None:
+                last_ts.add_metric([j], p["last"] / 1000)
+                since.add_metric([j], max(0.0, now - p["last"] / 1000))
+        yield from (g, msgs, outs, last_ts, since)
+        h = HistogramMetricFamily(f"{PREFIX}_commit_latency_seconds",
+                                  "Open-to-commit time of committed transactions", labels=["job"])
+        lat: dict[str, tuple[list[int], list[int]]] = {}
+        for j, bucket, n, total_ms in latency:
+            per_bucket, total = lat.setdefault(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0]))
+            per_bucket[int(bucket)] += int(n)
+            total[0] += int(total_ms or 0)
+        for j in jobs:
+            per_bucket, total = lat.get(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0]))
+            cum, acc = [], 0
+            for b, k in zip(LATENCY_BOUNDS_S, per_bucket, strict=False):
+                acc += k
+                cum.append((repr(b), acc))
+            h.add_metric([j], [*cum, ("+Inf", sum(per_bucket))], total[0] / 1000)
+        yield h
+        if self.live is not None:
+            bl = GaugeMetricFamily(f"{PREFIX}_subscription_backlog_messages",
+                                   "Backlog of the job's subscription per input topic (admin API, cached)",
+                                   labels=["job", "topic", "subscription"])
+            for j, (sub, values) in _backlogs.read(self.engine, self.live).items():
+                for topic, n in sorted(values.items()):
+                    bl.add_metric([j, topic, sub], n)
+            yield bl
+        g = GaugeMetricFamily(f"{PREFIX}_replays", "Replays requested over REST by status", labels=["status"])
         for s in REPLAY_STATUSES:
             g.add_metric([s], reps.get(s, 0))
         yield g
-        g = GaugeMetricFamily("pulsar_txn_quarantined_records",
-                              "Ledger messages quarantined by the projection (invalid, or refused by the database)",
-                              labels=["topic"])
+        c = CounterMetricFamily(f"{PREFIX}_quarantined_records",
+                                "Ledger messages quarantined by the projection (invalid, or refused by the database)",
+                                labels=["topic"])
         for topic, n in sorted(quarantined.items()):
-            g.add_metric([topic], n)
-        yield g
-        h = HistogramMetricFamily("pulsar_txn_commit_latency_seconds",
-                                  "Open-to-commit time of committed transactions")
-        buckets = [(repr(b), c) for b, c in zip(LATENCY_BOUNDS_S, cum, strict=True)] + [("+Inf", count)]
-        h.add_metric([], buckets, total_ms / 1000)
-        yield h
+            c.add_metric([topic], n)
+        yield c
         if self.projector is not None:
-            c = CounterMetricFamily("pulsar_txn_projected_records", "Ledger records projected by this process",
+            c = CounterMetricFamily(f"{PREFIX}_projected_records", "Ledger records projected by this process",
                                     labels=["topic"])
             for st in list(self.projector.status.values()):
                 c.add_metric([st.topic], st.records)
             yield c
 
 
-def render(engine: Engine, projector: Any = None) -> bytes:
-    """The Prometheus text exposition of the current state."""
+def render(engine: Engine, projector: Any = None, live: Live | None = None) -> bytes:
+    """The Prometheus text exposition of the current state (with ``live``: also the backlogs)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StateCollector(engine, projector))
+    reg.register(StateCollector(engine, projector, live))
     return generate_latest(reg)

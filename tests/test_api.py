@@ -258,9 +258,27 @@ def test_metrics_agree_with_the_ledger(api: Any, data: DataSet) -> None:
     status, text = api.request("GET", "/metrics")
     assert status == 200
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    assert float(lines['pulsar_txn_transactions{state="COMMITTED"}']) == len(data.committed_txns)
-    assert float(lines['pulsar_txn_batches{status="PARKED"}']) == 1
-    assert float(lines["pulsar_txn_commit_latency_seconds_count"]) == len(data.committed_txns)
+    job = f'job="{data.job}"'
+    # names of their own: nothing in the broker's pulsar_txn_* namespace
+    assert not [k for k in lines if k.startswith("pulsar_txn_")]
+    from coordinator_api.metrics import METRIC_NAMES
+
+    types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert set(METRIC_NAMES) <= types, set(METRIC_NAMES) - types  # every documented series is exported
+    assert float(lines[f'pulsartxn_transactions_total{{{job},state="COMMITTED"}}']) == len(data.committed_txns)
+    assert float(lines[f'pulsartxn_transactions_total{{{job},state="ABORTED"}}']) == len(data.aborted_txns)
+    assert float(lines[f"pulsartxn_open_transactions{{{job}}}"]) == 0
+    assert float(lines[f'pulsartxn_batches{{{job},status="PARKED"}}']) == 1
+    committed_batches = {r.batch_id for r in data.records if r.kind == "COMMITTED"}
+    assert float(lines[f'pulsartxn_batches{{{job},status="COMMITTED"}}']) == len(committed_batches)
+    assert float(lines[f"pulsartxn_committed_messages_total{{{job}}}"]) == N - 1 == data.stats.messages
+    assert float(lines[f"pulsartxn_committed_outputs_total{{{job}}}"]) == N - 1
+    assert float(lines[f"pulsartxn_commit_latency_seconds_count{{{job}}}"]) == len(data.committed_txns)
+    last = max(r.ended_at_ms for r in data.records if r.kind == "COMMITTED") / 1000
+    assert float(lines[f"pulsartxn_last_commit_timestamp_seconds{{{job}}}"]) == last
+    assert float(lines[f"pulsartxn_seconds_since_last_commit{{{job}}}"]) > 0
+    # the processor's subscription ("s") on its input, read from the broker: everything acknowledged
+    assert float(lines[f'pulsartxn_subscription_backlog_messages{{{job},subscription="s",topic="{data.inp}"}}']) == 0
 
 
 def test_live_transaction_shows_and_aborts(api: Any, broker: Any, data: DataSet) -> None:

@@ -339,7 +339,7 @@ def test_malformed_records_are_quarantined_and_the_valid_ones_after_them_project
                                                                             len(payload) > db.QUARANTINE_RAW_BYTES)
         assert items[1]["raw"] == bad[1][0].decode()  # kept raw, for whoever holds the token
         status, metrics = server.request("GET", "/metrics", token=TOKEN)
-        assert status == 200 and f'pulsar_txn_quarantined_records{{topic="{ledger}"}} 6.0' in metrics.splitlines()
+        assert status == 200 and f'pulsartxn_quarantined_records_total{{topic="{ledger}"}} 6.0' in metrics.splitlines()
         # /health needs the token, and neither it nor the log holds anything of the records.
         assert server.request("GET", "/health")[0] == 401
         status, health = server.request("GET", "/health", token=TOKEN)
