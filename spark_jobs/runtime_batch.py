@@ -197,15 +197,14 @@ def writer_fn(cfg: WriteConfig, columns: tuple[str, ...],
                 f"pulsar-txn runtime: attempt {attempt} of write task {pid} refused: broker deduplication is not "
                 "verified on the output (give admin_url and enable it), so a retried task could duplicate rows; "
                 "the batch is aborted and run again in a new transaction")
-        if fail_hook:
-            _fail_hook(fail_hook, pid, attempt)
+        hook = _fail_hook(fail_hook, pid, attempt) if fail_hook else None
         plan = TaskPlan(
             service_url=cfg.service_url, admin_url=None, txn_id=cfg.txn_id, txn_timeout_ms=cfg.txn_timeout_ms,
             default_topic=cfg.default_topic, lease_topic=cfg.lease_topic, partition_id=pid, attempt=attempt,
             deterministic_order=cfg.deterministic_order, has_key="key" in columns, has_topic="topic" in columns,
             has_props="properties" in columns, batch_max_rows=cfg.batch_max_rows, batch_max_bytes=cfg.batch_max_bytes)
         rows = (row for b in batches for row in b.to_pylist())
-        res = run(write_partition(plan, rows))
+        res = run(write_partition(plan, rows, hook))
         yield pa.RecordBatch.from_pylist(
             [{"partition": pid, "attempt": attempt, "counts": json.dumps(res.counts), "rows": res.rows,
               "duplicates": res.duplicates}],
@@ -215,18 +214,24 @@ def writer_fn(cfg: WriteConfig, columns: tuple[str, ...],
     return write
 
 
-#: Test hook: ``<dir>`` in ``WriteConfig``'s fail hook makes the first attempt of each write task
-#: that finds no ``<dir>/p<partition>`` file create it and raise (a failing executor task, once).
-def _fail_hook(directory: str, pid: int, attempt: int) -> None:
+def _fail_hook(directory: str, pid: int, attempt: int) -> Any:
+    """Test hook (``write_fail_dir``): the first attempt of each write task (the one that creates
+    ``<dir>/p<partition>``) fails after it has sent its first batch of rows: a task that dies
+    midway, its first rows already in the transaction. Returns the send hook, or None."""
     import os
 
     marker = os.path.join(directory, f"p{pid}")
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return
+        return None
     os.close(fd)
-    raise RuntimeError(f"test fault: write task {pid} attempt {attempt} fails once")
+
+    async def hook(index: int, fut: Any) -> None:
+        await fut  # the row is stored (in the open transaction)
+        raise RuntimeError(f"test fault: write task {pid} attempt {attempt} fails after sending row {index}")
+
+    return hook
 
 
 # ---------------------------------------------------------------------------------- the job

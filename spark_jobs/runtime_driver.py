@@ -93,7 +93,8 @@ class DistributedRuntime:
     def __init__(self, spark: Any, service_url: str, transform: Callable[[Any], Any], config: ProcessorConfig, *,
                  admin_url: str | None = None, progress: TextIO | None = None,
                  source_options: dict[str, str] | None = None, poll_timeout_ms: int = 60000,
-                 deterministic_order: bool = True, write_fail_dir: str | None = None) -> None:
+                 deterministic_order: bool = True, write_batch_max_rows: int = 1000,
+                 write_fail_dir: str | None = None) -> None:
         self.spark, self.transform, self.config = spark, transform, config
         self.service_url, self.admin_url, self.progress = service_url, admin_url, progress
         self.opts = SourceOptions.parse({**(source_options or {}), "service_url": service_url,
@@ -102,11 +103,14 @@ class DistributedRuntime:
         self.ledger_topic = config.ledger_topic or default_ledger(self.output)
         self.poll_ms = poll_timeout_ms
         self.deterministic_order = deterministic_order
+        self.write_batch_max_rows = write_batch_max_rows
         self.write_fail_dir = write_fail_dir
         self.stats = ProcessorStats()
         self.instance = uuid.uuid4().hex[:8]
         self.seq = 0
         self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
+        #: Test hook: called (in a thread) after a batch's acks and COMMITTED record, before its commit.
+        self.before_commit: Callable[[], None] | None = None
         self._conn: _Pulsar | None = None
         self._ledger: Any = None
         self._parking: dict[str, Any] = {}
@@ -129,29 +133,55 @@ class DistributedRuntime:
         for name, (mark, _) in self._positions().items():
             self._after[name] = mark if mark is not None else _EARLIEST
         if c.ledger_guard:
-            for name, to in conn.run(self._ledger_ends()).items():
+            ends, unresolved = conn.run(self._ledger_scan())
+            for name, to in ends.items():
                 if name in self._after and to > self._after[name]:
                     log.warning("%s: the ledger shows %s committed but the subscription is at %s; starting after %s",
                                 name, entry_text(to), entry_text(self._after[name]), entry_text(to))
                     self._after[name] = to
+            for txn_id in unresolved:  # a dead (or paused) driver's batch: its pending acks would block ours
+                conn.run(self._abort_quietly(txn_id))
 
     async def _open_ledger(self) -> Any:
         assert self._conn is not None
         await ensure_ledger_retained(self._conn.client, self.ledger_topic)
         return await self._conn.client.create_producer(self.ledger_topic, batching_enabled=False)
 
-    async def _ledger_ends(self) -> dict[str, Entry]:
-        """The furthest range end per partition in this job's committing records."""
+    async def _ledger_scan(self) -> tuple[dict[str, Entry], list[str]]:
+        """The furthest range end per partition in this job's committing records, and the
+        transactions of this job's runtime that have a STARTED record and no outcome."""
         assert self._conn is not None
         ends: dict[str, Entry] = {}
+        started: dict[str, None] = {}
+        ended: set[str] = set()
         for r in await read_records(self._conn.client, self.ledger_topic):
-            if r.job != self.config.job or r.kind not in (Kind.COMMITTED, Kind.PARKED):
+            if r.job != self.config.job or r.config.runtime != "spark" or not r.txn_id:
+                continue
+            if r.kind == Kind.STARTED:
+                started[r.txn_id] = None
+                continue
+            ended.add(r.txn_id)
+            if r.kind not in (Kind.COMMITTED, Kind.PARKED):
                 continue
             for name, rng in r.input_ranges.items():
                 to = parse_entry(rng["to"])
                 if to > ends.get(name, _EARLIEST):
                     ends[name] = to
-        return ends
+        return ends, [t for t in started if t not in ended]
+
+    async def _abort_quietly(self, txn_id: str) -> None:
+        assert self._conn is not None
+        try:
+            await self._conn.client.transaction_from_id(txn_id, self.config.txn_timeout_ms).abort()
+            log.warning("aborted transaction %s, left open by an earlier driver of job %s", txn_id, self.config.job)
+        except (PulsarError, TransactionError) as exc:
+            log.debug("transaction %s already ended: %s", txn_id, exc)
+
+    def release(self) -> None:
+        """Close the subscription's consumers (what the broker does to a driver it considers gone)."""
+        if self._conn is not None:
+            for consumer in self._conn._held.values():  # noqa: SLF001
+                self._conn.run(consumer.close())
 
     def stop(self) -> None:
         """Stop after the batch in flight."""
@@ -267,7 +297,7 @@ class DistributedRuntime:
                                   input_ranges=record_ranges(ranges, {r.name: ReadEnd(r.to, 0) for r in ranges}),
                                   started_at_ms=started, config=self._record_config()))
         cfg = WriteConfig(self.service_url, str(t.id), c.txn_timeout_ms, self.output, self.ledger_topic,
-                          self.exact_retries, self.deterministic_order)
+                          self.exact_retries, self.deterministic_order, self.write_batch_max_rows)
         try:
             res = run_batch(self.spark, self.transform, self.opts, ranges, cfg, self.poll_ms, self.write_fail_dir)
         except TransformError as exc:
@@ -308,6 +338,8 @@ class DistributedRuntime:
         receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
         await receipt
         _fault("kill_before_runtime_commit", self.seq)
+        if self.before_commit is not None:  # test hook (a zombie's pause)
+            await asyncio.get_running_loop().run_in_executor(None, self.before_commit)
         await t.commit()
 
     def _abort(self, t: Any, batch_id: str, attempt: int, started: int, error: str) -> None:

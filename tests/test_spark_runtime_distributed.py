@@ -11,6 +11,10 @@ multiset of values: nothing lost, nothing twice. Crash tests run the driver in a
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -184,3 +188,155 @@ def test_poison_entry_narrowed_parked_and_replayed(broker, spark, official, ns, 
     assert not asyncio.run(do_replay()).replayed
     assert Counter(read_all(official, out)) == Counter(
         [v.upper() for v in values if b"poison" not in v] + [b"fixed-11"])
+
+
+# ------------------------------------------------------------------------------ failures
+
+
+def test_failing_write_task_aborts_and_the_batch_runs_again(broker, spark, official, ns, unique_name, tmp_path):  # noqa: ANN001, F811
+    """Each write task's first attempt fails after sending rows into the transaction (local[2]: no
+    task retries, so the Spark job fails): the batch aborts and runs again in a new transaction."""
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    values = fill(official, inp, 60, batched=True)
+    stats = run(broker, spark, upper, [inp], out, ledger, batch_max_messages=100,
+                runtime_options={"write_fail_dir": str(tmp_path), "write_batch_max_rows": 5})
+    assert Counter(read_all(official, out)) == upper_of(values) and stats.messages == 60
+    recs = records(broker, ledger)
+    assert len([r for r in recs if r.kind == Kind.ABORTED]) >= 1 and stats.aborts >= 1
+    assert sum(r.input_count for r in recs if r.kind == Kind.COMMITTED) == 60
+
+
+def test_zombie_driver_cannot_commit(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
+    """Driver A has produced, acknowledged and written its COMMITTED record, then pauses; the broker
+    drops its consumers and driver B takes the subscription over (aborting A's open transaction),
+    processes everything and commits. A resumes and tries to commit: refused. Exactly once."""
+    from spark_jobs.runtime_driver import DistributedRuntime
+    from txn.delivery.processor import ProcessorConfig
+
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    create_partitioned_topic(broker.admin_url, inp, 2)
+    values = fill(official, inp, 40, keys=40)
+
+    def runtime() -> DistributedRuntime:
+        conf = ProcessorConfig(inputs=[inp], output=out, subscription="rt", job="rt", ledger_topic=ledger,
+                               batch_max_messages=100, txn_timeout_ms=60000)
+        return DistributedRuntime(spark, broker.service_url, upper, conf, admin_url=broker.admin_url)
+
+    a, b = runtime(), runtime()
+    b_stats = []
+
+    def pause_and_replace() -> None:
+        a.before_commit = None
+        a.release()  # the broker drops the paused driver
+        b.start()
+        try:
+            b_stats.append(b.run(idle_exit_ms=1500))
+        finally:
+            b.close()
+        a.stop()
+
+    a.before_commit = pause_and_replace
+    a.start()
+    try:
+        a_stats = a.run()
+    finally:
+        a.close()
+    assert a_stats.batches == 0 and b_stats[0].messages == 40
+    assert Counter(read_all(official, out)) == upper_of(values)
+    committed = [r for r in records(broker, ledger) if r.kind == Kind.COMMITTED]
+    assert sum(r.input_count for r in committed) == 40
+
+
+# ------------------------------------------------------------------------- driver kills
+
+
+def _child(broker, cfg: dict, log: Path, fault: str | None = None) -> tuple[int, dict | None]:  # noqa: ANN001
+    env = {k: v for k, v in os.environ.items() if k != "PULSAR_TXN_FAULT"}
+    if fault:
+        env["PULSAR_TXN_FAULT"] = fault
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
+    with log.open("ab") as f:
+        p = subprocess.run([sys.executable, __file__, json.dumps({**cfg, "service_url": broker.service_url,
+                                                                  "admin_url": broker.admin_url})],
+                           stdout=subprocess.PIPE, stderr=f, cwd=str(HERE.parent), env=env, timeout=600,
+                           start_new_session=True)
+    lines = p.stdout.decode().strip().splitlines()
+    return p.returncode, (json.loads(lines[-1]) if p.returncode == 0 and lines else None)
+
+
+def _kill_case(broker, official, ns, unique_name, tmp_path, point: str, batched: bool, partitions: int,
+               n: int = 90) -> None:  # noqa: ANN001
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    if partitions:
+        create_partitioned_topic(broker.admin_url, inp, partitions)
+    values = fill(official, inp, n, batched, keys=n)
+    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": 30, "txn_timeout_ms": 30000}
+    log = tmp_path / "child.log"
+    code, _ = _child(broker, cfg, log, f"{point}:2")
+    assert code == -9, log.read_text()[-3000:]
+    code, stats = _child(broker, cfg, log)
+    assert code == 0 and stats is not None, log.read_text()[-3000:]
+    got = read_all(official, out)
+    assert Counter(got) == upper_of(values) and len(got) == n
+    committed = [r for r in records(broker, ledger) if r.kind == Kind.COMMITTED]
+    assert sum(r.input_count for r in committed) == n
+    assert sum(sum(r.outputs.values()) for r in committed) == n
+
+
+@pytest.mark.parametrize(("point", "batched", "partitions"), [
+    ("kill_before_runtime_commit", True, 2),
+    ("kill_after_runtime_commit", False, 0),
+], ids=["before-commit-batched-partitioned", "after-commit-unbatched"])
+def test_driver_sigkill_exactly_once(broker, official, ns, unique_name, tmp_path, point, batched, partitions):  # noqa: ANN001
+    _kill_case(broker, official, ns, unique_name, tmp_path, point, batched, partitions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["kill_before_runtime_commit", "kill_after_runtime_commit"])
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("partitions", [0, 3], ids=["plain", "partitioned"])
+def test_driver_sigkill_matrix(broker, official, ns, unique_name, tmp_path, point, batched, partitions):  # noqa: ANN001
+    _kill_case(broker, official, ns, unique_name, tmp_path, point, batched, partitions, n=400)
+
+
+def test_retried_write_task_is_exact_with_deduplication(broker, official, ns, unique_name, tmp_path):  # noqa: ANN001
+    """local[2,3]: Spark retries a write task whose first attempt failed after sending rows into the
+    transaction; broker deduplication (verified through admin_url) drops what it sent again."""
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    create_partitioned_topic(broker.admin_url, inp, 2)
+    values = fill(official, inp, 80, batched=True, keys=80)
+    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": 200, "master": "local[2,3]",
+           "runtime_options": {"write_fail_dir": str(tmp_path), "write_batch_max_rows": 5}}
+    code, stats = _child(broker, cfg, tmp_path / "child.log")
+    assert code == 0 and stats is not None, (tmp_path / "child.log").read_text()[-3000:]
+    assert stats["aborts"] == 0 and stats["messages"] == 80
+    assert Counter(read_all(official, out)) == upper_of(values)
+    committed = [r for r in records(broker, ledger) if r.kind == Kind.COMMITTED]
+    assert sum(r.input_count for r in committed) == 80
+    assert sum(r.config["duplicates_dropped"] for r in committed) > 0  # the retry re-sent stored rows
+    assert any(a > 0 for r in committed for a in r.config["task_attempts"].values())
+
+
+def _child_main(cfg: dict) -> None:
+    """This file run as a script: one driver, own SparkSession; prints its stats as JSON."""
+    import logging
+
+    from pyspark.sql import SparkSession
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    s = (SparkSession.builder.master(cfg.get("master", "local[2]")).config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    stats = run_job(s, cfg["service_url"], cfg["inputs"], cfg["output"], "rt", upper, job="rt",
+                    ledger_topic=cfg["ledger"], admin_url=cfg["admin_url"], progress=sys.stderr,
+                    batch_max_messages=cfg.get("batch_max_messages", 50), idle_exit_ms=2000,
+                    txn_timeout_ms=cfg.get("txn_timeout_ms", 60000), runtime_options=cfg.get("runtime_options"))
+    s.stop()
+    print(json.dumps({"batches": stats.batches, "messages": stats.messages, "aborts": stats.aborts,
+                      "outputs": stats.outputs}), flush=True)
+
+
+if __name__ == "__main__":
+    _child_main(json.loads(sys.argv[1]))
