@@ -29,6 +29,7 @@ from .batch_loop import BatchLoop
 from .commit import CommitPipeline
 from .config import ProcessorConfig, ProcessorStats
 from .failures import _discard
+from .metrics import ProcessorMetrics
 from .parking import Parking
 from .records import LedgerRecords
 
@@ -77,6 +78,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
         #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
         self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
+        #: The Prometheus exporter (``config.metrics``), fed by the commit pipeline; served from ``start``.
+        self.metrics: ProcessorMetrics | None = None
 
     @property
     def consumer(self) -> AsyncConsumer | None:
@@ -93,6 +96,9 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
     async def start(self) -> None:
         """Subscribe to the inputs and create the ledger producer."""
         c = self.config
+        if c.metrics is not None and self.metrics is None:
+            self.metrics = ProcessorMetrics.for_processor(self, c.metrics)
+            self.metrics.serve(c.metrics.port, c.metrics.host)
         self._consumer = await self.client.subscribe(
             self.inputs,
             c.subscription,
@@ -137,3 +143,5 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             await self._consumer.close()
         if self.guard is not None:
             await self.guard.close()
+        if self.metrics is not None:
+            self.metrics.close()

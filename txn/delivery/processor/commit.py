@@ -36,6 +36,7 @@ from ..ledger_guard import LedgerGuard
 from ..output import Output, normalise
 from .config import ProcessorConfig, ProcessorStats
 from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _err, _Transient
+from .metrics import ProcessorMetrics
 from .records import _ids
 
 log = logging.getLogger("txn.processor")
@@ -52,6 +53,7 @@ class CommitPipeline:
     guard: LedgerGuard | None
     fatal: BaseException | None
     on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None
+    metrics: ProcessorMetrics | None
     _consumer: AsyncConsumer | None
     _producers: dict[str, AsyncProducer]
     _ledger: AsyncProducer | None
@@ -274,6 +276,8 @@ class CommitPipeline:
             self.stats.commit_ms_total += commit_ms
             if self.on_commit is not None:
                 self.on_commit(batch_id, t.id, len(fresh), counts, commit_ms)
+            if self.metrics is not None:
+                self.metrics.observe_commit(commit_ms)
             if c.ordering is not None:
                 await c.ordering.committed(msgs)
         except (PulsarError, TransactionError) as exc:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...consumer import ConsumerType, InitialPosition
 from ..ordering import OrderingGuard
+from .metrics import MetricsOptions
 
 
 @dataclass(slots=True)
@@ -43,6 +44,8 @@ class ProcessorConfig:
     batch_entry_boundaries: bool = False
     #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
     ordering: OrderingGuard | None = None
+    #: Serve Prometheus metrics while running (see ``metrics``); None: off.
+    metrics: MetricsOptions | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
