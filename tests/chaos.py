@@ -96,6 +96,12 @@ class ChaosResult:
     committed_inputs: int = 0
     inputs_committed_twice: int = 0
     guard_skipped: int = 0
+    #: Broker-confirmed inputs that the input topic does not hold (read through a durable audit
+    #: subscription that never acknowledges): a lost output whose input is also gone from the
+    #: input topic was lost by the broker, not by the processor.
+    inputs_missing: int = 0
+    #: Lost outputs whose input's message id a COMMITTED ledger record lists (id reused or ack kept).
+    lost_inputs_in_ledger: int = 0
     timed_out: bool = False
     seconds: float = 0.0
     duplicated_ids: list[tuple[int, int]] = field(default_factory=list)
@@ -108,7 +114,9 @@ class ChaosResult:
                 f"broker_restarts={self.broker_restarts} broker_kills={self.broker_kills} zombies={self.zombies} "
                 f"proc_exits={self.proc_exits} ledger_committed_outputs={self.committed_outputs} "
                 f"ledger_committed_inputs={self.committed_inputs} inputs_committed_twice={self.inputs_committed_twice} "
-                f"guard_skipped={self.guard_skipped} timed_out={self.timed_out} seconds={self.seconds:.0f}")
+                f"guard_skipped={self.guard_skipped} inputs_missing={self.inputs_missing} "
+                f"lost_inputs_in_ledger={self.lost_inputs_in_ledger} timed_out={self.timed_out} "
+                f"seconds={self.seconds:.0f}")
 
     @property
     def ok(self) -> bool:
@@ -162,6 +170,7 @@ class _Generator:
         self.confirmed: set[int] = set()
         self.failed: set[int] = set()
         self.entries: Counter[tuple[int, int, int]] = Counter()
+        self.msg_ids: dict[int, str] = {}  # confirmed id -> its message id as the broker reported it
         self.produced = 0
         self.processed = -1  # the highest input id seen in an output (set by the verifier)
         self.backlog = 0
@@ -174,6 +183,7 @@ class _Generator:
                 if result == pulsar.Result.Ok:
                     self.confirmed.add(i)
                     self.entries[(msg_id.ledger_id(), msg_id.entry_id(), msg_id.partition())] += 1
+                    self.msg_ids[i] = str(msg_id)
                 else:
                     self.failed.add(i)
         return done
@@ -277,6 +287,7 @@ def run_chaos(
     # acknowledges, so the broker keeps every output for the final count; the live one only
     # tracks progress (a redelivery to it is not a duplicate).
     official.subscribe(out, "chaos-audit", initial_position=pulsar.InitialPosition.Earliest).close()
+    official.subscribe(inp, "chaos-input-audit", initial_position=pulsar.InitialPosition.Earliest).close()
     live = official.subscribe(out, "chaos-check", initial_position=pulsar.InitialPosition.Earliest)
     seen: set[tuple[int, int]] = set()
     stop_reader = threading.Event()
@@ -401,6 +412,12 @@ def run_chaos(
         m = audit_reader.read_next(timeout_millis=10000)
         stored.setdefault(_key(m.data()), set()).add(str(m.message_id()))
     audit_reader.close()
+    stored_inputs: set[int] = set()
+    for part in ([f"{inp}-partition-{k}" for k in range(shape.partitions)] if shape.partitions > 1 else [inp]):
+        in_reader = official.create_reader(part, pulsar.MessageId.earliest)
+        while in_reader.has_message_available():
+            stored_inputs.add(int(in_reader.read_next(timeout_millis=10000).data()))
+        in_reader.close()
     live.close()
     official.close()
 
@@ -414,6 +431,14 @@ def run_chaos(
     inputs = Counter((t, i) for r in committed for t, ids in r.inputs.items() for i in ids)
     res.committed_inputs = sum(inputs.values())
     res.inputs_committed_twice = sum(1 for c in inputs.values() if c > 1)
+    res.inputs_missing = len(confirmed - stored_inputs)
+    committed_ids = {i for _, i in inputs}
+    lost_inputs = {i for i, _ in expected - stored.keys()}
+    res.lost_inputs_in_ledger = sum(1 for i in lost_inputs if generator.msg_ids.get(i) in committed_ids)
+    if lost_inputs:
+        sample = sorted(lost_inputs)[:10]
+        log(f"  lost inputs (id: message id): {[(i, generator.msg_ids.get(i)) for i in sample]}; "
+            f"{len(lost_inputs & stored_inputs)} of {len(lost_inputs)} still on the input topic")
     # Inputs a ledger guard found already committed: acknowledged again, nothing produced.
     res.guard_skipped = sum(len(ids) for r in committed for ids in (getattr(r, "duplicates", None) or {}).values())
     res.produced = generator.produced

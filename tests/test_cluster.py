@@ -334,7 +334,7 @@ def test_chaos_on_cluster(cluster, tmp_path):
     target = Broker(cluster.service_url, cluster.admin_url_of(0), local=kills)
     shape = Shape(batched=True, partitions=4, handler="mod3", out_dedup=False)
     res = run_chaos(target, tmp_path / "chaos", shape=shape, n=20000, rate=0, kills=8, broker_restarts=0,
-                    broker_kills=4, zombies=1, seed=41, time_limit_s=2400)
+                    broker_kills=4, zombies=1, seed=41, time_limit_s=1200)
     print(f"\nnodes SIGKILLed: {kills.killed}\n{res.summary()}")
     assert (res.kills, res.broker_kills, res.zombies) == (8, 4, 1)
     assert kills.killed == ["broker-1", "bookie-2", "broker-2", "broker-0"]

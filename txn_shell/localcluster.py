@@ -187,8 +187,8 @@ class LocalCluster:
         return self._dir(node) / "pid"
 
     def log_file(self, node: Node) -> Path:
-        """The node's log (the JVM's own log4j file)."""
-        return self.data_dir / "logs" / f"{node.name}.log"
+        """The node's log: its console output (where the distribution's log4j config sends the log)."""
+        return self.data_dir / "logs" / f"{node.name}.out"
 
     @property
     def _state_file(self) -> Path:
@@ -319,7 +319,7 @@ class LocalCluster:
         else:
             env["PULSAR_BROKER_CONF"] = conf
             cmd = [str(home / "bin" / "pulsar"), "broker"]
-        with open(logs / f"{node.name}.out", "ab") as out:
+        with open(self.log_file(node), "ab") as out:
             self._procs[node.name] = proc = subprocess.Popen(
                 cmd, cwd=self._dir(node), env=env, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -341,8 +341,7 @@ class LocalCluster:
             for node in list(pending):
                 if self.pid(node) is None:
                     raise ClusterError(f"{node.name} exited during start; log tail of {self.log_file(node)}:\n"
-                                       + log_tail(self.log_file(node)) + "\n" + log_tail(
-                                           self.data_dir / "logs" / f"{node.name}.out", lines=10))
+                                       + log_tail(self.log_file(node)))
                 try:
                     reason = check(node)
                 except (OSError, ValueError, BrokerError) as e:
@@ -527,8 +526,8 @@ class LocalCluster:
                 if not bundle:
                     continue
                 dest_id = f"{HOST}:{self.brokers[dest].ports['web']}"
-                status, _ = admin_request(
-                    "PUT", self.admin_url,
+                status, _ = admin_request(  # the owner itself: others answer 307, which urllib won't follow for PUT
+                    "PUT", self.admin_url_of(i),
                     f"/admin/v2/namespaces/pulsar/system/{bundle}/unload?destinationBroker={dest_id}")
                 self.progress(f"moving coordinator {tc}'s bundle {bundle} broker-{i} -> broker-{dest}: {status}")
                 moved = True
