@@ -1,0 +1,43 @@
+"""Consumer settings: subscription types, initial positions, :class:`ConsumerConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ..message import MessageId
+
+
+class ConsumerType(IntEnum):
+    """Subscription types (names as in ``pulsar.ConsumerType``)."""
+
+    Exclusive = 0
+    Shared = 1
+    Failover = 2
+    KeyShared = 3
+
+
+class InitialPosition(IntEnum):
+    """Where a new subscription starts."""
+
+    Latest = 0
+    Earliest = 1
+
+
+@dataclass(slots=True)
+class ConsumerConfig:
+    """Consumer settings; names follow ``pulsar.Client.subscribe``."""
+
+    subscription_name: str
+    consumer_type: ConsumerType = ConsumerType.Exclusive
+    initial_position: InitialPosition = InitialPosition.Latest
+    consumer_name: str | None = None
+    receiver_queue_size: int = 1000
+    max_total_receiver_queue_size_across_partitions: int = 50000
+    negative_ack_redelivery_delay_ms: int = 60000
+    ack_grouping_time_ms: int = 100
+    ack_grouping_max_size: int = 1000
+    properties: dict[str, str] = field(default_factory=dict)
+    key_shared_allow_out_of_order: bool = False
+    durable: bool = True
+    start_message_id: MessageId | None = None

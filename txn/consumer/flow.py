@@ -1,0 +1,136 @@
+"""Flow control and decoding: permits (FLOW), MESSAGE frames to messages, corrupt entries."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..connection import Connection, command
+from ..errors import ChecksumMismatch, ConnectError, CorruptMessage, PayloadTooLarge, ProtocolError, SizeLimitExceeded
+from ..message import MessageId, ReceivedMessage
+from ..protocol import Frame, decompress, pb, split_batch
+
+if TYPE_CHECKING:
+    from .async_consumer import AsyncConsumer
+
+log = logging.getLogger("txn.consumer")
+T = pb.BaseCommand
+
+
+def _is_acked(ack_set: Any, i: int) -> bool:
+    """In a broker-sent ack set, a cleared bit means that batch index is already acked."""
+    w = i // 64
+    if w >= len(ack_set):
+        return True
+    return not (ack_set[w] & (1 << (i % 64)))
+
+
+class MessageFlow:
+    """Part of :class:`~.topic_consumer.TopicConsumer`: flow permits and decoding.
+
+    Each MESSAGE frame is checked (epoch, checksum, marker), decompressed within the size bound,
+    split into messages (batch entries, skipping acknowledged or compacted-away indexes) and
+    queued; what is dropped returns its permits, and a corrupt entry is queued as an error in its
+    place.
+    """
+
+    parent: AsyncConsumer
+    topic: str
+    partition: int
+    consumer_id: int
+    payload_limit: int
+    _conn: Connection | None
+    _epoch: int
+
+    # ----------------------------------------------------------------- messages
+
+    def send_flow(self, n: int) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed and n > 0:
+            try:
+                conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=n))
+            except ConnectError:
+                pass
+
+    def _skip(self, n: int) -> None:
+        granted = self.parent.receive_queue.count(self, n)
+        if granted:
+            self.send_flow(granted)
+
+    def on_message(self, cmd: pb.CommandMessage, frame: Frame) -> None:
+        meta = frame.metadata
+        if meta is None:
+            raise ProtocolError("MESSAGE command without payload", topic=self.topic)
+        batched = meta.HasField("num_messages_in_batch")
+        n = meta.num_messages_in_batch if batched else 1
+        if cmd.HasField("consumer_epoch") and cmd.consumer_epoch < self._epoch:
+            self._skip(n)  # sent before a redeliver-all; it comes again
+            return
+        mid = cmd.message_id
+        if not frame.checksum_ok:
+            self._reject(ChecksumMismatch, "checksum mismatch", mid, n)
+            return
+        if meta.HasField("marker_type"):
+            self._skip(n)
+            return
+        try:
+            if n < 1:
+                raise ProtocolError(f"batch entry declares {n} messages")
+            payload = decompress(meta.compression, frame.payload or b"", meta.uncompressed_size, self.payload_limit)
+            msgs = self._build(cmd, meta, payload, batched, n)
+        except ProtocolError as exc:
+            self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
+                         f"undecodable payload: {exc.message}", mid, n)
+            return
+        skipped = n - len(msgs)
+        if skipped:
+            self._skip(skipped)
+        if msgs:
+            self.parent.receive_queue.put_many(msgs)
+
+    def _reject(self, kind: type[CorruptMessage], what: str, mid: pb.MessageIdData, n: int) -> None:
+        """Report a corrupt entry in the receive queue, in its place; it stays unacknowledged."""
+        err = kind(f"{what}; the entry is left unacknowledged", topic=self.topic,
+                   message_id=MessageId(mid.ledgerId, mid.entryId, self.partition, topic=self.topic))
+        log.error("%s", err)
+        self._skip(max(n, 1))
+        self.parent.receive_queue.put_error(err, self)
+
+    def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,
+               n: int) -> list[ReceivedMessage]:
+        mid = cmd.message_id
+        topic = self.topic
+        redeliveries = cmd.redelivery_count
+        publish_time = meta.publish_time
+        event_time = meta.event_time
+        producer = meta.producer_name
+        props = {kv.key: kv.value for kv in meta.properties} if len(meta.properties) else None
+        if not batched:
+            key = meta.partition_key if meta.HasField("partition_key") else None
+            entry = (mid.ledgerId, mid.entryId, self.partition, 0)
+            return [
+                ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
+                                producer, meta.sequence_id, self)
+            ]
+        entry = (mid.ledgerId, mid.entryId, self.partition, n)
+        out: list[ReceivedMessage] = []
+        append = out.append
+        ack_set = cmd.ack_set
+        base_seq = meta.sequence_id
+        i = -1
+        for data, seq, ev, key, own_props, compacted in split_batch(payload, n):
+            i += 1
+            if compacted or (ack_set and _is_acked(ack_set, i)):
+                continue
+            if own_props is None:
+                p = dict(props) if props else {}
+            elif props:
+                p = dict(props)
+                p.update(own_props)
+            else:
+                p = dict(own_props)
+            append(
+                ReceivedMessage(data, p, entry, i, topic, key, publish_time, ev or event_time, redeliveries, producer,
+                                base_seq + i if seq is None else seq, self)
+            )
+        return out

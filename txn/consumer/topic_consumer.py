@@ -1,0 +1,185 @@
+"""The consumer of one topic or partition: subscribe, resubscribe after a lost connection, close.
+
+Its flow control and decoding live in :mod:`.flow`, its acknowledgements in :mod:`.acks`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..backoff import Backoff
+from ..connection import Connection, check_error, command, next_request_id
+from ..errors import ConnectError, PulsarError
+from ..message import Message, MessageId
+from ..protocol import pb
+from ..protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
+from .acks import AckTracker
+from .config import ConsumerType
+from .flow import MessageFlow
+
+if TYPE_CHECKING:
+    from .async_consumer import AsyncConsumer
+
+log = logging.getLogger("txn.consumer")
+T = pb.BaseCommand
+
+
+class TopicConsumer(MessageFlow, AckTracker):
+    """Consumer on one topic or partition; :class:`AsyncConsumer` holds one per partition.
+
+    Package-internal, public for the facades, the reader and the receive queue: ``ready`` (set
+    while subscribed), and ``taken``/``threshold`` (permits used since the last FLOW, and how
+    many make a FLOW), which only the receive queue touches, under its lock.
+    """
+
+    def __init__(self, parent: AsyncConsumer, topic: str, partition: int, permits: int) -> None:
+        self.parent = parent
+        self.ctx = parent.ctx
+        self.conf = parent.conf
+        self.topic = topic
+        self.partition = partition
+        self.consumer_id = self.ctx.next_id()
+        self.queue_size = max(permits, 1)
+        self.threshold = max(self.queue_size // 2, 1)
+        self.taken = 0  # guarded by the parent's receive-queue lock
+        self._conn: Connection | None = None
+        self.ready = asyncio.Event()
+        self._closed = False
+        self._epoch = 0
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._ack_inbox: deque[tuple[Message | MessageId, bool]] = deque()
+        # (ledger, entry, partition, batch size) -> batch indexes not yet acknowledged
+        self._batch_unacked: dict[tuple[int, int, int, int], set[int]] = {}
+        self._nacks: dict[MessageId, float] = {}
+        self.end_of_topic = False
+        self.active = True
+        self.resume_from: MessageId | None = None  # non-durable readers: where a resubscribe starts
+        self.payload_limit = DEFAULT_MAX_MESSAGE_SIZE  # bound on a decompressed entry; set at subscribe
+
+    def __hash__(self) -> int:
+        return self.consumer_id
+
+    # ---------------------------------------------------------------- subscribe
+
+    async def start(self) -> None:
+        await self._subscribe()
+
+    async def _subscribe(self) -> None:
+        conf = self.conf
+        conn = await self.ctx.pool.connection_for(self.topic)
+        rid = next_request_id()
+        fields: dict[str, Any] = {
+            "topic": self.topic,
+            "subscription": conf.subscription_name,
+            "subType": int(conf.consumer_type),
+            "consumer_id": self.consumer_id,
+            "request_id": rid,
+            "initialPosition": int(conf.initial_position),
+            "durable": conf.durable,
+            "consumer_epoch": self._epoch,
+            "metadata": [pb.KeyValue(key=k, value=v) for k, v in conf.properties.items()],
+        }
+        if conf.consumer_name:
+            fields["consumer_name"] = conf.consumer_name
+        start = self.resume_from or conf.start_message_id
+        if not conf.durable and start is not None:
+            fields["start_message_id"] = start.to_pb()
+        if conf.consumer_type == ConsumerType.KeyShared:
+            fields["keySharedMeta"] = pb.KeySharedMeta(
+                keySharedMode=pb.KeySharedMeta.AUTO_SPLIT,
+                allowOutOfOrderDelivery=conf.key_shared_allow_out_of_order,
+            )
+        conn.consumers[self.consumer_id] = self
+        try:
+            resp = await conn.request(command(T.SUBSCRIBE, **fields), rid)
+            check_error(resp, f"subscribe {conf.subscription_name!r}", topic=self.topic)
+        except BaseException:
+            conn.consumers.pop(self.consumer_id, None)
+            raise
+        self._conn = conn
+        pool = self.ctx.pool
+        self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
+        self.parent.receive_queue.reset(self)
+        conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
+        self.parent.subscriptions_made += 1
+        self.ready.set()
+
+    def on_connection_closed(self, conn: Connection, exc: BaseException) -> None:
+        if self._conn is conn:
+            self._lost(exc)
+
+    def on_broker_close(self) -> None:
+        if self._conn is not None:
+            self._conn.consumers.pop(self.consumer_id, None)
+        self._lost(ConnectError("broker closed the consumer", topic=self.topic))
+
+    def _lost(self, exc: BaseException) -> None:
+        self._conn = None
+        self.ready.clear()
+        # The broker redelivers whatever we did not ack, so drop what is queued here.
+        # (A corrupt entry's queued error goes too: the entry comes again, and so does its error.)
+        self.parent.receive_queue.remove_where(
+            lambda m: m.consumer is self or getattr(m, "owner", None) is self)
+        if self._closed or (self._reconnect_task and not self._reconnect_task.done()):
+            return
+        log.info("consumer on %s disconnected (%s); resubscribing", self.topic, exc)
+        self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        backoff = Backoff(0.1, 5.0)
+        while not self._closed:
+            await asyncio.sleep(backoff.next())
+            try:
+                await self._subscribe()
+                log.info("consumer on %s resubscribed", self.topic)
+                self.flush_acks()
+                return
+            except PulsarError as exc:
+                log.debug("resubscribe to %s failed: %s", self.topic, exc)
+
+    def on_active_change(self, active: bool) -> None:
+        self.active = active
+
+    def on_end_of_topic(self) -> None:
+        self.end_of_topic = True
+
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
+        if not self.ready.is_set():
+            await asyncio.wait_for(self.ready.wait(), self.ctx.operation_timeout)
+        conn = self._conn
+        if conn is None:
+            raise ConnectError("consumer is not connected", topic=self.topic)
+        rid = next_request_id()
+        resp = await conn.request(command(T.GET_LAST_MESSAGE_ID, consumer_id=self.consumer_id, request_id=rid), rid)
+        check_error(resp, "get last message id", topic=self.topic)
+        d = resp.getLastMessageIdResponse.last_message_id
+        return MessageId.from_pb(d, partition=self.partition, topic=self.topic)
+
+    # -------------------------------------------------------------------- close
+
+    async def close(self, unsubscribe: bool = False) -> None:
+        if self._closed:
+            return
+        self.flush_acks()
+        self._closed = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        conn, self._conn = self._conn, None
+        if conn is None or conn.closed:
+            if unsubscribe:
+                raise ConnectError("consumer is not connected; cannot unsubscribe", topic=self.topic)
+            return
+        rid = next_request_id()
+        if unsubscribe:
+            resp = await conn.request(command(T.UNSUBSCRIBE, consumer_id=self.consumer_id, request_id=rid), rid)
+            check_error(resp, "unsubscribe", topic=self.topic)
+            conn.consumers.pop(self.consumer_id, None)
+            return
+        conn.consumers.pop(self.consumer_id, None)
+        try:
+            await conn.request(command(T.CLOSE_CONSUMER, consumer_id=self.consumer_id, request_id=rid), rid)
+        except PulsarError:
+            pass

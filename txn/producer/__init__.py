@@ -1,0 +1,42 @@
+"""Producers: batching, compression, a bounded pending window, receipts, timeouts, reconnects.
+
+Each partition has a :class:`PartitionProducer` holding an ordered deque of frames awaiting
+their receipts. After a reconnect the same frames, with the same sequence ids, are written
+again before anything new, so the broker's deduplication (when enabled) drops the repeats and
+nothing confirmed is lost.
+
+The package, split the way aiokafka splits its producer (one module per concern):
+
+- :mod:`.config`: :class:`ProducerConfig`, :class:`ProducerAccessMode`, :data:`BatchEntry`;
+- :mod:`.accumulator`: the pending window (backpressure), batching, compression, framing;
+- :mod:`.sender`: the producer on the broker - create, reconnect and resend, receipts, send
+  errors, send timeouts, close;
+- :mod:`.partition`: :class:`PartitionProducer`, one partition, assembled from the two;
+- :mod:`.async_producer`: :class:`AsyncProducer`, the public face that routes to the partitions.
+
+Every name is re-exported here, so ``from txn.producer import ...`` works as before.
+"""
+
+from .accumulator import Accumulator, _Batch, _Op
+from .async_producer import AsyncProducer, java_string_hash, log, run_callback
+from .config import _NO_TXN, BatchEntry, ProducerAccessMode, ProducerConfig, _kv
+from .partition import PartitionProducer
+from .sender import Sender, T
+
+__all__ = [
+    "_NO_TXN",
+    "Accumulator",
+    "AsyncProducer",
+    "BatchEntry",
+    "PartitionProducer",
+    "ProducerAccessMode",
+    "ProducerConfig",
+    "Sender",
+    "T",
+    "_Batch",
+    "_Op",
+    "_kv",
+    "java_string_hash",
+    "log",
+    "run_callback",
+]

@@ -1,0 +1,276 @@
+"""Accumulating messages: the pending window (backpressure), batching, compression and the frames
+awaiting their receipts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..connection import Connection, command
+from ..errors import AlreadyClosed, ConnectError, MessageTooBig, PulsarError
+from ..message import MessageId, TxnID
+from ..protocol import CompressionType, compress, encode_entry, encode_payload_frame, pb
+from .config import _NO_TXN, BatchEntry, ProducerConfig, _kv
+
+T = pb.BaseCommand
+
+
+@dataclass(slots=True)
+class _Op:
+    """A frame awaiting its receipt: one message or one batch."""
+
+    seq: int
+    highest: int
+    frame: bytes
+    futures: list[asyncio.Future[MessageId]]
+    batched: bool
+    created: float
+    txn: TxnID
+
+
+class _Batch:
+    __slots__ = ("entries", "futures", "size", "txn", "first_seq", "last_seq")
+
+    def __init__(self, txn: TxnID, first_seq: int) -> None:
+        self.entries: list[bytes] = []
+        self.futures: list[asyncio.Future[MessageId]] = []
+        self.size = 0
+        self.txn = txn
+        self.first_seq = first_seq
+        self.last_seq = first_seq
+
+
+class Accumulator:
+    """Part of :class:`~.partition.PartitionProducer`: the pending window and the frames.
+
+    Messages are checked, given sequence ids and metadata, gathered into batches (closed by
+    count, size, transaction or the publish delay), compressed and framed; each frame waits in
+    the ordered ``_pending`` deque for its receipt. ``queued`` counts the messages in the open
+    batch and in ``_pending``; it never passes ``window`` without the caller waiting (backpressure).
+    """
+
+    conf: ProducerConfig
+    topic: str
+    partition: int
+    producer_id: int
+    producer_name: str
+    window: int
+    queued: int
+    conn: Connection | None
+    ready: bool
+    _pending: deque[_Op]
+    _batch: _Batch | None
+    _batch_timer: asyncio.TimerHandle | None
+    _seq: int
+    _closed: bool
+    _fatal: PulsarError | None
+    _space_waiters: deque[asyncio.Future[None]]
+
+    # ------------------------------------------------------------------ window
+
+    def has_space(self) -> bool:
+        return self.queued < self.window
+
+    async def wait_space(self) -> None:
+        """Wait until the pending window has room (backpressure)."""
+        while self.queued >= self.window and not self._closed:
+            fut = asyncio.get_running_loop().create_future()
+            self._space_waiters.append(fut)
+            await fut
+
+    def _release(self, n: int) -> None:
+        self.queued -= n
+        while self._space_waiters and self.queued < self.window:
+            w = self._space_waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    # ------------------------------------------------------------------ sending
+
+    def check_size(self, content: bytes) -> None:
+        """Raise :class:`MessageTooBig` if ``content`` (compressed, if a codec is set) exceeds the broker's limit."""
+        limit = self.max_message_size
+        if len(content) > limit:
+            codec = self.conf.compression_type
+            if codec == CompressionType.NONE or len(compress(codec, content)) > limit:
+                raise MessageTooBig(f"message of {len(content)} bytes exceeds the broker's limit of {limit}",
+                                    topic=self.topic)
+
+    def check_usable(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("producer is closed", topic=self.topic)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def enqueue(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None,
+        partition_key: str | None,
+        event_timestamp: int | None,
+        sequence_id: int | None,
+        txn: TxnID,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message; returns a future resolved with its id on receipt.
+
+        The caller checked the window. Raises on a closed producer or an oversize message.
+        """
+        self.check_usable()
+        self.check_size(content)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[MessageId] = loop.create_future()
+        if sequence_id is None:
+            seq = self._seq
+            self._seq += 1
+        else:
+            seq = sequence_id
+            self._seq = max(self._seq, seq + 1)
+        self.queued += 1
+        conf = self.conf
+        if not conf.batching_enabled:
+            meta = pb.MessageMetadata(
+                producer_name=self.producer_name,
+                sequence_id=seq,
+                publish_time=int(time.time() * 1000),
+                properties=_kv(properties),
+            )
+            if partition_key is not None:
+                meta.partition_key = partition_key
+            if event_timestamp:
+                meta.event_time = event_timestamp
+            self._push(seq, seq, meta, content, [fut], False, txn)
+            return fut
+        smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=seq, properties=_kv(properties))
+        if partition_key is not None:
+            smm.partition_key = partition_key
+        if event_timestamp:
+            smm.event_time = event_timestamp
+        entry = encode_entry(smm, content)
+        b = self._batch
+        if b is not None and (
+            b.txn != txn
+            or len(b.entries) >= conf.batching_max_messages
+            or b.size + len(entry) > conf.batching_max_allowed_size_in_bytes
+        ):
+            self._flush_batch()
+            b = None
+        if b is None:
+            b = self._batch = _Batch(txn, seq)
+            self._batch_timer = loop.call_later(conf.batching_max_publish_delay_ms / 1000.0, self._flush_batch)
+        b.entries.append(entry)
+        b.futures.append(fut)
+        b.size += len(entry)
+        b.last_seq = seq
+        if len(b.entries) >= conf.batching_max_messages or b.size >= conf.batching_max_allowed_size_in_bytes:
+            self._flush_batch()
+        return fut
+
+    def enqueue_batch(
+        self,
+        entries: Sequence[BatchEntry],
+        first_sequence_id: int,
+        txn: TxnID,
+    ) -> list[asyncio.Future[MessageId]]:
+        """Queue ``entries`` as one batch message with sequence ids ``first_sequence_id``, ``+1``, ...
+
+        The frame carries ``sequence_id`` = the first id and ``highest_sequence_id`` = the last, so
+        broker deduplication stores or drops the batch as a whole. An open batch of single sends
+        goes out first (order). The caller checked the window. Raises on a closed producer, an
+        empty batch or an oversize one.
+        """
+        self.check_usable()
+        if not entries:
+            raise ValueError("a batch needs at least one message")
+        if first_sequence_id < 0:
+            raise ValueError(f"sequence ids are non-negative, got {first_sequence_id}")
+        parts: list[bytes] = []
+        for i, entry in enumerate(entries):
+            content, properties, partition_key = entry[0], entry[1], entry[2]
+            smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=first_sequence_id + i,
+                                           properties=_kv(properties))
+            if partition_key is not None:
+                smm.partition_key = partition_key
+            if len(entry) > 3 and entry[3]:
+                smm.event_time = entry[3]  # type: ignore[misc]
+            parts.append(encode_entry(smm, content))
+        payload = b"".join(parts)
+        self.check_size(payload)
+        self._flush_batch()
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[MessageId]] = [loop.create_future() for _ in entries]
+        last = first_sequence_id + len(entries) - 1
+        self._seq = max(self._seq, last + 1)
+        self.queued += len(entries)
+        meta = pb.MessageMetadata(
+            producer_name=self.producer_name,
+            sequence_id=first_sequence_id,
+            publish_time=int(time.time() * 1000),
+            num_messages_in_batch=len(entries),
+            highest_sequence_id=last,
+        )
+        self._push(first_sequence_id, last, meta, payload, futures, True, txn)
+        return futures
+
+    def _flush_batch(self) -> None:
+        b = self._batch
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+            self._batch_timer = None
+        if b is None:
+            return
+        self._batch = None
+        payload = b"".join(b.entries)
+        meta = pb.MessageMetadata(
+            producer_name=self.producer_name,
+            sequence_id=b.first_seq,
+            publish_time=int(time.time() * 1000),
+            num_messages_in_batch=len(b.entries),
+            highest_sequence_id=b.last_seq,
+        )
+        self._push(b.first_seq, b.last_seq, meta, payload, b.futures, True, b.txn)
+
+    def _push(
+        self,
+        seq: int,
+        highest: int,
+        meta: pb.MessageMetadata,
+        payload: bytes,
+        futures: list[asyncio.Future[MessageId]],
+        batched: bool,
+        txn: TxnID,
+    ) -> None:
+        codec = self.conf.compression_type
+        if codec != CompressionType.NONE:
+            meta.compression = int(codec)
+            meta.uncompressed_size = len(payload)
+            payload = compress(codec, payload)
+        send = {"producer_id": self.producer_id, "sequence_id": seq, "num_messages": len(futures)}
+        if highest != seq:
+            send["highest_sequence_id"] = highest
+        if txn is not _NO_TXN:
+            meta.txnid_most_bits = txn.most
+            meta.txnid_least_bits = txn.least
+            send["txnid_most_bits"] = txn.most
+            send["txnid_least_bits"] = txn.least
+        frame = encode_payload_frame(command(T.SEND, **send), meta, payload)
+        op = _Op(seq, highest, frame, futures, batched, time.monotonic(), txn)
+        self._pending.append(op)
+        if self.ready and self.conn is not None:
+            try:
+                self.conn.write(frame)
+            except ConnectError:
+                pass  # resent after reconnect
+
+    def flush_now(self) -> None:
+        """Send the open batch immediately."""
+        self._flush_batch()
+
+    async def flush(self) -> None:
+        """Send the open batch and wait for every pending receipt."""
+        self._flush_batch()
+        futs = [f for op in list(self._pending) for f in op.futures]
+        if futs:
+            await asyncio.gather(*futs, return_exceptions=True)

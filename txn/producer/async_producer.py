@@ -1,0 +1,267 @@
+""":class:`AsyncProducer`: the public producer; routes each message to a partition's producer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..context import ClientContext
+from ..errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
+from ..message import MessageId, TxnID
+from .config import _NO_TXN, BatchEntry, ProducerConfig
+from .partition import PartitionProducer
+
+if TYPE_CHECKING:
+    from ..transaction import AsyncTransaction
+
+log = logging.getLogger("txn.producer")
+
+
+def java_string_hash(s: str) -> int:
+    """The partition hash of a key, as the Java client computes it (``String.hashCode``, made
+    non-negative): a keyed message goes to partition ``java_string_hash(key) % partitions``."""
+    h = 0
+    for ch in s.encode("utf-16-be").decode("utf-16-be"):
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h & 0x7FFFFFFF
+
+
+class AsyncProducer:
+    """A producer on a topic (all partitions of a partitioned topic)."""
+
+    def __init__(self, ctx: ClientContext, topic: str, conf: ProducerConfig) -> None:
+        self._ctx = ctx
+        self._topic = topic
+        self.conf = conf
+        self._parts: list[PartitionProducer] = []
+        self._closed = False
+        self._rr = 0
+
+    async def start(self) -> None:
+        """Create the producer on every partition (the client calls it; raises the broker's error)."""
+        n = await self._ctx.pool.partitions(self._topic)
+        if n == 0:
+            self._parts = [PartitionProducer(self._ctx, self._topic, -1, self.conf, self.conf.max_pending_messages)]
+        else:
+            per = max(1, min(self.conf.max_pending_messages, self.conf.max_pending_messages_across_partitions // n))
+            self._parts = [
+                PartitionProducer(self._ctx, f"{self._topic}-partition-{i}", i, self.conf, per)
+                for i in range(n)
+            ]
+        try:
+            await asyncio.gather(*(p.start() for p in self._parts))
+        except BaseException:
+            await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
+            raise
+
+    def topic(self) -> str:
+        """The topic this producer writes to."""
+        return self._topic
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def partition_producers(self) -> list[PartitionProducer]:
+        """One :class:`PartitionProducer` per partition (one for a non-partitioned topic)."""
+        return self._parts
+
+    async def wait_space(self) -> None:
+        """Wait until every partition's pending window has room (backpressure)."""
+        await asyncio.gather(*(p.wait_space() for p in self._parts))
+
+    def producer_name(self) -> str:
+        """Name the broker gave this producer (first partition's for partitioned topics)."""
+        return self._parts[0].producer_name if self._parts else ""
+
+    def last_sequence_id(self) -> int:
+        """Highest sequence id confirmed by the broker."""
+        return max((p.last_sequence_id_published for p in self._parts), default=-1)
+
+    def _route(self, partition_key: str | None) -> PartitionProducer:
+        parts = self._parts
+        if len(parts) == 1:
+            return parts[0]
+        if partition_key:
+            return parts[java_string_hash(partition_key) % len(parts)]
+        if self.conf.batching_enabled:
+            slot = int(time.monotonic() * 1000 / max(self.conf.batching_max_publish_delay_ms, 1))
+            return parts[slot % len(parts)]
+        self._rr += 1
+        return parts[self._rr % len(parts)]
+
+    def check_content(self, content: Any) -> bytes:
+        """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like."""
+        if self._closed:
+            raise AlreadyClosed("producer is closed", topic=self._topic)
+        if isinstance(content, str):
+            raise TypeError("content must be bytes; encode str payloads first")
+        if not isinstance(content, (bytes, bytearray, memoryview)):
+            raise TypeError(f"content must be bytes, not {type(content).__name__}")
+        return bytes(content)
+
+    async def send_async(
+        self,
+        content: bytes,
+        callback: Callable[[Result, MessageId | None], Any] | None = None,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        sequence_id: int | None = None,
+        txn: AsyncTransaction | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue a message; returns a future of its :class:`MessageId`.
+
+        Awaits for room in the pending window when ``block_if_queue_full`` is set,
+        otherwise raises :class:`ProducerQueueIsFull` when it is full.
+        """
+        data = self.check_content(content)
+        part = self._route(partition_key)
+        part.check_usable()
+        tid = await self._admit(part, txn)
+        fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid)
+        if txn is not None:
+            txn.add_op(fut)
+        if callback is not None:
+            fut.add_done_callback(lambda f: run_callback(callback, f))
+        return fut
+
+    async def _admit(self, part: PartitionProducer, txn: AsyncTransaction | None) -> TxnID:
+        """Register ``part`` in ``txn`` (once) and wait for room in its pending window; the txn id to send."""
+        tid = _NO_TXN
+        if txn is not None:
+            if not txn.partition_registered(part.topic):
+                await txn.register_partition(part.topic)
+            txn.check_open()
+            tid = txn.id
+        if not part.has_space():
+            if not self.conf.block_if_queue_full:
+                raise ProducerQueueIsFull(
+                    f"pending window of {part.window} messages is full", topic=part.topic
+                )
+            await part.wait_space()
+            part.check_usable()
+        return tid
+
+    async def send_batch_async(
+        self,
+        entries: Sequence[BatchEntry],
+        first_sequence_id: int,
+        txn: AsyncTransaction | None = None,
+    ) -> list[asyncio.Future[MessageId]]:
+        """Send ``entries`` — ``(content, properties, partition_key[, event_time_ms])`` each — as one batch message.
+
+        Entry ``i`` gets sequence id ``first_sequence_id + i``; returns one future per entry, all
+        resolved together by the batch's receipt (or failed together), so awaiting the last one
+        is enough. Unlike the producer's own batching, whose batch
+        boundaries depend on timing, the caller decides what goes into the batch and which ids it
+        has: re-sending the same entries with the same ids (e.g. from a retried task under the
+        same producer name) builds the same batch, which broker deduplication then drops whole
+        (the broker compares the batch's first sequence id with the highest it has seen). Works
+        whatever the batching settings. On a partitioned topic the batch goes where
+        :meth:`send_async` would send the first entry (by its key). Waits for room in the pending
+        window like :meth:`send_async` (a batch may overshoot the window once).
+        """
+        if not entries:
+            raise ValueError("a batch needs at least one message")
+        data: list[BatchEntry] = [(self.check_content(e[0]), *e[1:]) for e in entries]  # type: ignore[misc]
+        part = self._route(data[0][2])
+        part.check_usable()
+        tid = await self._admit(part, txn)
+        futs = part.enqueue_batch(data, first_sequence_id, tid)
+        if txn is not None:
+            txn.add_op(futs[-1])  # the batch's futures resolve (or fail) together: one op tracks it
+        return futs
+
+    def send_nowait(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        sequence_id: int | None = None,
+        block: bool = True,
+    ) -> asyncio.Future[MessageId] | None:
+        """Queue a non-transactional message without awaiting; ``None`` if the window is full."""
+        data = self.check_content(content)
+        part = self._route(partition_key)
+        if not part.has_space():
+            if block:
+                return None
+            raise ProducerQueueIsFull("pending window is full", topic=part.topic)
+        return part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, _NO_TXN)
+
+    async def send(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        sequence_id: int | None = None,
+        txn: AsyncTransaction | None = None,
+    ) -> MessageId:
+        """Send a message and wait for the broker's receipt."""
+        fut = await self.send_async(
+            content,
+            properties=properties,
+            partition_key=partition_key,
+            event_timestamp=event_timestamp,
+            sequence_id=sequence_id,
+            txn=txn,
+        )
+        if self.conf.batching_enabled:
+            self.flush_now()
+        return await fut
+
+    def flush_now(self) -> None:
+        """Send the open batches now, without waiting for receipts."""
+        for p in self._parts:
+            p.flush_now()
+
+    def check_size(self, content: bytes) -> None:
+        """Raise :class:`MessageTooBig` if ``content`` exceeds the broker's limit on any partition."""
+        for p in self._parts:
+            p.check_size(content)
+
+    async def flush(self) -> None:
+        """Send open batches and wait for all pending receipts."""
+        await asyncio.gather(*(p.flush() for p in self._parts))
+
+    async def close(self) -> None:
+        """Flush, then close. Further sends raise :class:`AlreadyClosed`."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
+        self._ctx.forget(self)
+
+    def reconnect_count(self) -> int:
+        """How many times partitions re-created themselves on the broker (each may have re-sent frames)."""
+        return sum(p.reconnects for p in self._parts)
+
+    def partition_topics(self) -> list[str]:
+        """The topic (partition) names this producer writes to."""
+        return [p.topic for p in self._parts]
+
+    def is_connected(self) -> bool:
+        """True when every partition has a live broker connection."""
+        return all(p.ready for p in self._parts)
+
+
+def run_callback(callback: Callable[[Result, MessageId | None], Any], fut: asyncio.Future[MessageId]) -> None:
+    """Call a send callback ``(result, message_id)`` for a settled send future; a raising callback is logged."""
+    try:
+        if fut.cancelled():
+            callback(Result.UnknownError, None)
+        elif fut.exception() is not None:
+            exc = fut.exception()
+            callback(exc.result if isinstance(exc, PulsarError) else Result.UnknownError, None)
+        else:
+            callback(Result.Ok, fut.result())
+    except Exception:
+        log.exception("send callback raised")

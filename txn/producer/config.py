@@ -1,0 +1,55 @@
+"""Producer settings: :class:`ProducerConfig`, :class:`ProducerAccessMode`, explicit batch entries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ..message import TxnID
+from ..protocol import CompressionType, pb
+
+_NO_TXN = TxnID(-1, -1)
+
+#: One message of an explicit batch (:meth:`AsyncProducer.send_batch_async`): content, properties, partition key.
+#: ``(content, properties, partition_key)``, optionally with a 4th item: the event time (epoch ms) or None.
+BatchEntry = (tuple[bytes, dict[str, str] | None, str | None]
+              | tuple[bytes, dict[str, str] | None, str | None, int | None])
+
+
+class ProducerAccessMode(IntEnum):
+    """Who may produce to the topic (names as in ``pulsar.ProducerAccessMode``)."""
+
+    Shared = 0
+    Exclusive = 1
+    WaitForExclusive = 2
+    ExclusiveWithFencing = 3
+
+
+@dataclass(slots=True)
+class ProducerConfig:
+    """Producer settings; names follow ``pulsar.Client.create_producer``."""
+
+    producer_name: str | None = None
+    initial_sequence_id: int | None = None
+    send_timeout_millis: int = 30000
+    compression_type: CompressionType = CompressionType.NONE
+    max_pending_messages: int = 1000
+    max_pending_messages_across_partitions: int = 50000
+    block_if_queue_full: bool = False
+    batching_enabled: bool = True
+    batching_max_messages: int = 1000
+    batching_max_allowed_size_in_bytes: int = 128 * 1024
+    batching_max_publish_delay_ms: int = 10
+    properties: dict[str, str] = field(default_factory=dict)
+    access_mode: ProducerAccessMode = ProducerAccessMode.Shared
+
+
+def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:
+    if not props:
+        return []
+    out = []
+    for k, v in props.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"message properties must be str -> str, got {k!r}: {v!r}")
+        out.append(pb.KeyValue(key=k, value=v))
+    return out
