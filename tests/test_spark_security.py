@@ -1,0 +1,141 @@
+"""The Spark source and sink against a broker with authentication *and* authorization on.
+
+The broker (tests/authz_broker.py, started by this module: ~20 s) refuses the anonymous role
+everything: the test namespace grants it nothing, so any client, admin call or task that forgets
+its credentials fails. Writes and reads that pass ``authToken`` (and the TLS options on
+``pulsar+ssl://``) must therefore carry them on every path: the driver's transaction and ledger
+records, the executors' producers and leases, the deduplication check, the commit, the source's
+readers. Rows are checked with the official client (authenticated).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from authz_broker import AuthzBroker  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from txn.admin import admin_request  # noqa: E402
+from txn_shell.localbroker import free_port  # noqa: E402
+
+from peer import assert_nothing, read_n  # noqa: E402
+from spark_session import spark  # noqa: E402, F401
+
+
+@pytest.fixture(scope="module")
+def authz() -> Iterator[AuthzBroker]:
+    data_dir = tempfile.mkdtemp(prefix="pulsar-txn-authz-", dir="/tmp")
+    ports: set[int] = set()
+    while len(ports) < 4:
+        ports.add(free_port())
+    a, b, c, d = ports
+    broker = AuthzBroker(data_dir, broker_port=a, web_port=b, bookie_port=c, broker_port_tls=d,
+                         transaction_coordinators=2)
+    broker.start(timeout=240)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ns(authz: AuthzBroker) -> str:
+    """A namespace with deduplication on and no permission for the anonymous role."""
+    name = f"public/spark-sec-{uuid.uuid4().hex[:8]}"
+    tok = authz.token
+    assert admin_request("PUT", authz.admin_url, f"/admin/v2/namespaces/{name}", token=tok)[0] in (200, 204)
+    assert admin_request("POST", authz.admin_url, f"/admin/v2/namespaces/{name}/deduplication", True,
+                         token=tok)[0] in (200, 204)
+    status, perms = admin_request("GET", authz.admin_url, f"/admin/v2/namespaces/{name}/permissions", token=tok)
+    assert status == 200 and "anonymous" not in perms, perms
+    return name
+
+
+def _official(authz: AuthzBroker) -> pulsar.Client:
+    return pulsar.Client(authz.service_url, authentication=pulsar.AuthenticationToken(authz.token),
+                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+
+
+def _rows(spark, n: int):  # noqa: ANN001, ANN202, F811
+    return spark.range(0, n, 1, 2).select(
+        F.concat(F.lit("v"), F.col("id").cast("string")).cast("binary").alias("value"),
+        F.concat(F.lit("k"), (F.col("id") % 3).cast("string")).alias("key"))
+
+
+def _read(authz: AuthzBroker, topic: str, n: int) -> list[bytes]:
+    client = _official(authz)
+    try:
+        c = client.subscribe(topic, f"check-{uuid.uuid4().hex[:6]}", initial_position=pulsar.InitialPosition.Earliest)
+        got = [m.data() for m in read_n(c, n)]
+        assert_nothing(c, 1000)
+        return sorted(got)
+    finally:
+        client.close()
+
+
+def _expected(n: int) -> list[bytes]:
+    return sorted(f"v{i}".encode() for i in range(n))
+
+
+@pytest.mark.parametrize(("writer", "token_from"), [("arrow", "value"), ("rows", "file")])
+def test_sink_with_token_writes_and_source_reads(  # noqa: ANN001
+        spark, authz: AuthzBroker, ns: str, tmp_path: Path, writer: str, token_from: str) -> None:  # noqa: F811
+    """Every path of the write and of the read authenticates (the namespace refuses anonymous)."""
+    topic = f"persistent://{ns}/out-{uuid.uuid4().hex[:8]}"
+    token = authz.token
+    assert token
+    if token_from == "file":
+        (tmp_path / "token").write_text(token + "\n")
+        token = f"file://{tmp_path / 'token'}"
+    opts = {"service.url": authz.service_url, "admin.url": authz.admin_url, "topic": topic, "authToken": token,
+            "writer": writer, "job": "sec"}
+    _rows(spark, 40).write.format("pulsar-txn").mode("append").options(**opts).save()
+    assert _read(authz, topic, 40) == _expected(40)
+    df = (spark.read.format("pulsar").option("service.url", authz.service_url).option("admin.url", authz.admin_url)
+          .option("topic", topic).option("authToken", token).load())
+    assert sorted(r.value for r in df.select("value").collect()) == _expected(40)
+
+
+def test_forgotten_credentials_fail_and_write_nothing(spark, authz: AuthzBroker, ns: str) -> None:  # noqa: F811
+    """Without ``authToken`` the sink is refused: by the admin API (the deduplication check) when
+    ``admin_url`` is given, else by the broker (the driver's transaction); the source too. Nothing
+    is written."""
+    topic = f"persistent://{ns}/denied-{uuid.uuid4().hex[:8]}"
+    base = {"service_url": authz.service_url, "topic": topic, "job": "sec"}
+    with pytest.raises(Exception, match=r"deduplication policy .*HTTP 40[13]"):
+        _rows(spark, 10).write.format("pulsar-txn").mode("append").options(**base, admin_url=authz.admin_url).save()
+    with pytest.raises(Exception, match="AuthorizationError|not authorized"):
+        _rows(spark, 10).write.format("pulsar-txn").mode("append").options(**base).save()
+    with pytest.raises(Exception, match="AuthorizationError|not authorized|401"):
+        spark.read.format("pulsar").option("service_url", authz.service_url).option("topics", topic).load().collect()
+    client = _official(authz)
+    try:
+        c = client.subscribe(topic, "nothing", initial_position=pulsar.InitialPosition.Earliest)
+        assert_nothing(c, 1000)
+    finally:
+        client.close()
+
+
+def test_sink_over_tls_with_token(spark, authz: AuthzBroker, ns: str) -> None:  # noqa: F811
+    """``pulsar+ssl://`` with ``tlsTrustCertsFilePath``: written exactly once; without the trust
+    certificates the write fails (the broker's certificate is signed by the test CA)."""
+    topic = f"persistent://{ns}/tls-{uuid.uuid4().hex[:8]}"
+    assert authz.service_url_tls and authz.ca_cert_path
+    opts = {"service_url": authz.service_url_tls, "admin_url": authz.admin_url, "topic": topic, "job": "sec",
+            "authToken": authz.token}
+    with pytest.raises(Exception, match="(?i)certificate|ssl|tls"):
+        _rows(spark, 10).write.format("pulsar-txn").mode("append").options(**opts).save()
+    _rows(spark, 30).write.format("pulsar-txn").mode("append").options(
+        **opts, tlsTrustCertsFilePath=str(authz.ca_cert_path)).save()
+    assert _read(authz, topic, 30) == _expected(30)
