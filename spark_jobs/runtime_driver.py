@@ -268,8 +268,12 @@ class DistributedRuntime:
         if total == 0:
             return
         if total == 1:
-            (r, [(entry, _)]), = parts
-            self._park(Range(r.name, r.topic, r.partition, r.after, entry), failure, c.max_attempts, root)
+            (r, [(entry, count)]), = parts
+            one = Range(r.name, r.topic, r.partition, r.after, entry)
+            if count > 1:
+                self._narrow_entry(one, failure, batch_id, root)
+            else:
+                self._park(one, failure, c.max_attempts, root)
             return
         log.warning("batch %s failed %d times (%s); narrowing %d entries", batch_id, c.max_attempts, failure, total)
         if len(parts) > 1:
@@ -368,6 +372,115 @@ class DistributedRuntime:
 
     # ------------------------------------------------------------------------ parking
 
+    def _narrow_entry(self, r: Range, failure: Exception, batch_id: str, root: str) -> None:
+        """A batch entry (several messages of a batching producer) that keeps failing: find its
+        failing message(s) by bisecting it on the driver (the entry is small: one producer batch),
+        then one transaction commits the others' outputs, parks the failing ones and acknowledges
+        the entry (COMMITTED under ``<batch_id>.0``, PARKED under ``root``)."""
+        from .runtime import _row, messages_schema, to_outputs
+
+        msgs = read_messages(self.opts, r, self.poll_ms)
+
+        def outputs_of(subset: list[txn.Message]) -> list[Any]:
+            df = self.spark.createDataFrame([_row(m) for m in subset], messages_schema())
+            return to_outputs(self.transform(df).collect())
+
+        bad: list[tuple[txn.Message, str]] = []
+
+        def search(subset: list[txn.Message]) -> None:
+            try:
+                outputs_of(subset)
+                return
+            except Exception as exc:  # noqa: BLE001 - the transform's failure, whatever it is
+                err = f"{type(exc).__name__}: {exc}"
+            if len(subset) == 1:
+                bad.append((subset[0], err))
+                return
+            half = len(subset) // 2
+            search(subset[:half])
+            search(subset[half:])
+
+        search(msgs)
+        if not bad:  # the messages pass one by one on the driver: park the entry as it failed
+            self._park(r, failure, self.config.max_attempts, root)
+            return
+        bad_ids = {str(m.message_id()) for m, _ in bad}
+        good = [m for m in msgs if str(m.message_id()) not in bad_ids]
+        outputs = outputs_of(good) if good else []
+        assert self._conn is not None
+        self._conn.run(self._commit_entry(r, good, outputs, bad, batch_id, root, len(msgs)))
+        self._after[r.name] = r.to
+        self.stats.batches += 1
+        self.stats.messages += len(good)
+        self.stats.outputs += len(outputs)
+        self.stats.parked += len(bad)
+        log.warning("entry %s of %s (batch %s): %d message(s) committed, %d parked: %s", entry_text(r.to), r.name,
+                    root, len(good), len(bad), bad[0][1])
+
+    async def _commit_entry(self, r: Range, good: list[txn.Message], outputs: list[Any],
+                            bad: list[tuple[txn.Message, str]], batch_id: str, root: str, total: int) -> None:
+        assert self._conn is not None
+        c = self.config
+        client = self._conn.client
+        started = now_ms()
+        t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        try:
+            sends = []
+            counts: dict[str, int] = {}
+            for o in outputs:
+                topic = str(parse_topic(o.topic)) if o.topic else self.output
+                sends.append(await (await self._producer(topic)).send_async(
+                    o.content, properties=o.properties, partition_key=o.partition_key, txn=t))
+                counts[topic] = counts.get(topic, 0) + 1
+            parked_topic, parked_sends = await self._send_parked(r, bad, c.max_attempts, root, t)
+            await self._conn._held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)  # noqa: SLF001
+            recs = [LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=c.max_attempts,
+                                 inputs={r.name: [str(m.message_id()) for m, _ in bad]},
+                                 input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
+                                                        "count": total}},
+                                 outputs={parked_topic: len(bad)}, started_at_ms=started, ended_at_ms=now_ms(),
+                                 error=bad[0][1], parked_topic=parked_topic, config=self._record_config())]
+            if good:
+                ids = [str(m.message_id()) for m in good]
+                # Under a half of its own: the entry's batch keeps its failed attempts (ABORTED).
+                recs.append(LedgerRecord(kind=Kind.COMMITTED, job=c.job, batch_id=narrowed_batch_id(batch_id, 0),
+                                         txn_id=str(t.id), attempt=1, inputs={r.name: ids},
+                                         outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
+                                         config=self._record_config()))
+            for rec in recs:
+                sends.append(await self._ledger.send_async(rec.to_json(), partition_key=rec.batch_id, txn=t))
+            await asyncio.gather(*sends, *parked_sends)
+            await t.commit()
+        except BaseException:
+            if t.state.value == "OPEN":
+                try:
+                    await t.abort()
+                except PulsarError:
+                    pass
+            raise
+
+    async def _producer(self, topic: str) -> Any:
+        assert self._conn is not None
+        p = self._parking.get(topic)
+        if p is None:
+            p = self._parking[topic] = await self._conn.client.create_producer(topic, batching_enabled=False)
+        return p
+
+    async def _send_parked(self, r: Range, bad: list[tuple[txn.Message, str]], attempts: int, root: str,
+                           t: Any) -> tuple[str, list[Any]]:
+        """Produce ``bad`` (message, error) to the parking topic in ``t``: (the topic, the receipts)."""
+        c = self.config
+        parked_topic = parse_topic(r.name).base + c.parking_suffix
+        p = await self._producer(parked_topic)
+        sends = []
+        for m, error in bad:
+            props = {k: v for k, v in m.properties().items() if k not in PARK_PROPS}
+            props.update({PARK_ERROR: error, PARK_ATTEMPTS: str(attempts), PARK_BATCH: root, PARK_JOB: c.job,
+                          PARK_SOURCE_TOPIC: r.name, PARK_SOURCE_ID: str(m.message_id())})
+            sends.append(await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
+                                            event_timestamp=m.event_timestamp() or None, txn=t))
+        return parked_topic, sends
+
     def _park(self, r: Range, failure: Exception, attempts: int, root: str) -> None:
         """Park the messages of one entry that keeps failing (see the module docs)."""
         conn = self._conn
@@ -383,20 +496,10 @@ class DistributedRuntime:
         assert self._conn is not None
         c = self.config
         client = self._conn.client
-        parked_topic = parse_topic(r.name).base + c.parking_suffix
         started = now_ms()
-        p = self._parking.get(parked_topic)
-        if p is None:
-            p = self._parking[parked_topic] = await client.create_producer(parked_topic, batching_enabled=False)
         t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
         try:
-            sends = []
-            for m in msgs:
-                props = {k: v for k, v in m.properties().items() if k not in PARK_PROPS}
-                props.update({PARK_ERROR: error, PARK_ATTEMPTS: str(attempts), PARK_BATCH: root, PARK_JOB: c.job,
-                              PARK_SOURCE_TOPIC: r.name, PARK_SOURCE_ID: str(m.message_id())})
-                sends.append(await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
-                                                event_timestamp=m.event_timestamp() or None, txn=t))
+            parked_topic, sends = await self._send_parked(r, [(m, error) for m in msgs], attempts, root, t)
             await self._conn._held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)  # noqa: SLF001
             rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=attempts,
                                inputs={r.name: [str(m.message_id()) for m in msgs]},

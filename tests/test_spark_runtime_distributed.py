@@ -90,7 +90,7 @@ def poison_upper(df):  # noqa: ANN001, ANN201
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
-    def check(v: str) -> str:
+    def check(v):  # noqa: ANN001, ANN202 - no hints: Spark would take them for a pandas UDF's
         if "poison" in v:
             raise ValueError(f"bad value {v}")
         return v.upper()
@@ -188,6 +188,27 @@ def test_poison_entry_narrowed_parked_and_replayed(broker, spark, official, ns, 
     assert not asyncio.run(do_replay()).replayed
     assert Counter(read_all(official, out)) == Counter(
         [v.upper() for v in values if b"poison" not in v] + [b"fixed-11"])
+
+
+def test_poison_in_a_batch_entry_parks_only_the_poison(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
+    """A batching producer: the poison shares its entry with other messages. The batch is narrowed to
+    that entry, the entry is bisected on the driver, and one transaction commits the entry's other
+    messages' outputs and parks the poison alone."""
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    p = official.create_producer(inp, batching_enabled=True, batching_max_messages=7, batching_max_publish_delay_ms=50)
+    values = [f"m{i}".encode() if i != 17 else b"poison-17" for i in range(28)]
+    for v in values:
+        p.send_async(v, None)
+    p.flush()
+    p.close()
+    stats = run(broker, spark, "test_spark_runtime_distributed:poison_upper", [inp], out, ledger,
+                batch_max_messages=28, max_attempts=1)
+    assert stats.parked == 1 and stats.messages == 27
+    assert Counter(read_all(official, out)) == Counter(v.upper() for v in values if b"poison" not in v)
+    recs = records(broker, ledger)
+    (parked,) = [r for r in recs if r.kind == Kind.PARKED]
+    assert parked.input_count == 1 and "poison-17" in parked.error
+    assert sum(r.input_count for r in recs if r.kind == Kind.COMMITTED) == 27
 
 
 # ------------------------------------------------------------------------------ failures

@@ -192,7 +192,8 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
                         job=args.job or args.job_spec, batch_max_messages=args.batch_max_messages,
                         batch_max_delay_ms=args.batch_max_delay_ms, max_batches=args.max_batches,
                         idle_exit_ms=args.exit_when_idle_ms, max_attempts=args.max_attempts,
-                        txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=args.progress_interval)
+                        txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=args.progress_interval,
+                        mode=args.mode, admin_url=args.admin_url)
     finally:
         spark.stop()
     print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.outputs} outputs, "
@@ -324,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--max-batches", type=int, default=None)
     sm.add_argument("--exit-when-idle-ms", type=int, default=None)
     sm.add_argument("--progress-interval", type=float, default=5.0)
+    sm.add_argument("--mode", choices=("distributed", "driver"), default="distributed",
+                    help="distributed: executors read, transform and write (default); driver: all in the driver "
+                    "(faster for batches of a few thousand messages)")
+    sm.add_argument("--admin-url", default=None, help="admin API: checks broker deduplication on the output, which "
+                    "makes a retried Spark write task exact (without it a retried write task fails the batch)")
     sm.set_defaults(func=cmd_spark_submit)
     sd = ssub.add_parser("drop-subscription", help="drop the durable subscription a retired streaming query of the "
                          "pulsar source holds (stop the query first)")

@@ -13,6 +13,9 @@ Spark micro-batch         ``<job>:<query>:<batch>``           :func:`micro_batch
 Spark stream placeholder  ``<job>:<query>:next``              :func:`stream_next_id`
 ========================  ==================================  ================================
 
+The Spark runtime (both modes) uses the processor form; its distributed mode narrows by entry
+ranges and keeps the same ``.0`` / ``.1`` suffixes.
+
 A processor batch that keeps failing is narrowed into halves, recursively (``j:ab12cd34:7.1.0``);
 messages parked from any half are parked under the root batch id (``j:ab12cd34:7``). The Spark
 sink's micro-batch id carries the query's identity (``stream_key``) and Spark's batch number;
