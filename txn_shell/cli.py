@@ -16,10 +16,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from txn.version import __version__
 
 from . import cli_api, localbroker
+
+if TYPE_CHECKING:
+    from txn.delivery.processor.metrics import MetricsOptions
 
 
 def _broker(args: argparse.Namespace) -> localbroker.LocalBroker:
@@ -128,6 +132,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         ledger_guard=not args.no_ledger_guard,
         guard_max_ids=args.guard_max_ids,
         batch_entry_boundaries=args.batch_entry_boundaries,
+        metrics=_metrics_options(args),
         **extra,
     )
     print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
@@ -138,6 +143,23 @@ def cmd_process(args: argparse.Namespace) -> int:
           f"{stats.parked} parked, {stats.duplicates_skipped} already committed per the ledger (acked again, "
           "no output)", file=sys.stderr)
     return 0
+
+
+def _metrics_options(args: argparse.Namespace) -> MetricsOptions | None:
+    """``--metrics-port`` and friends as the processor's metrics options (None: no exporter)."""
+    if args.metrics_port is None:
+        return None
+    from txn.delivery.processor.metrics import MetricsOptions, MetricsUnavailable, require_prometheus
+    from txn.settings import BrokerSettings
+
+    try:
+        require_prometheus()  # fail now, naming the extra, if prometheus_client is missing
+    except MetricsUnavailable as exc:
+        raise SystemExit(f"error: {exc}") from None
+    admin = BrokerSettings.from_args(args).with_urls(admin_url=args.metrics_admin_url)
+    kw = admin.admin_kwargs() if admin.admin_url else {}
+    return MetricsOptions(args.metrics_port, args.metrics_host, admin_url=admin.admin_url,
+                          admin_token=kw.get("token"), admin_context=kw.get("context"))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -295,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trust the broker's ack state alone (not recommended: Pulsar 4.0.x can lose batch acks)")
     pr.add_argument("--guard-max-ids", type=int, default=1_000_000,
                     help="committed input ids the ledger guard remembers (bounded state, ~60 bytes each)")
+    pr.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics on this port (0: a free one; needs the metrics extra); default off")
+    pr.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics port binds (default 0.0.0.0)")
+    pr.add_argument("--metrics-admin-url", default=None,
+                    help="admin REST URL to read the subscription's backlog from (default: PULSAR_TXN_ADMIN_URL; "
+                         "none: no backlog metric)")
     pr.set_defaults(func=cmd_process)
 
     rp = sub.add_parser("replay", help="replay a parked batch exactly once")
