@@ -17,6 +17,7 @@ included, and checked against three rules:
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import sys
 from collections.abc import Iterator
@@ -154,15 +155,66 @@ def upward_core_imports(root: Path) -> list[str]:
     for mod, banned in BELOW_CLIENT.items():
         for path in module_files(root, mod):
             for line, target, names in imports(root, path):
-                hits = {target} | {f"{target}.{n}" for n in names}  # ``from . import client`` too
-                for hit in sorted(h for h in hits if h in banned or any(h.startswith(b + ".") for b in banned)):
-                    found.append(f"{path.relative_to(root)}:{line}: {mod} imports {hit}")
+                if target in banned or any(target.startswith(b + ".") for b in banned):
+                    hits = [target]
+                else:  # ``from . import client`` too
+                    hits = [f"{target}.{n}" for n in names if f"{target}.{n}" in banned]
+                found += [f"{path.relative_to(root)}:{line}: {mod} imports {hit}" for hit in hits]
     return found
 
 
 def test_core_modules_below_the_client_import_nothing_above_them() -> None:
     assert all(module_files(ROOT, m) for m in BELOW_CLIENT)
     assert upward_core_imports(ROOT) == []
+
+
+def test_upward_check_reads_every_module_of_a_package(tmp_path: Path) -> None:
+    (tmp_path / "txn" / "producer").mkdir(parents=True)
+    (tmp_path / "txn" / "producer" / "__init__.py").write_text("from .sender import S\n")
+    (tmp_path / "txn" / "producer" / "sender.py").write_text("def f():\n    from ..client import AsyncClient\n")
+    (tmp_path / "txn" / "message.py").write_text("import txn.producer.sender\n")
+    assert sorted(upward_core_imports(tmp_path)) == [
+        "txn/message.py:1: txn.message imports txn.producer.sender",
+        "txn/producer/sender.py:2: txn.producer imports txn.client",
+    ]
+
+
+def _graph_tool():
+    """``tools/import_graph.py`` (the script that prints the graph), loaded from the tree."""
+    spec = importlib.util.spec_from_file_location("import_graph_tool", ROOT / "tools" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_no_import_cycle_among_library_modules() -> None:
+    """No circle among the modules of ``txn`` (lazy and type-checking imports count too), e.g. the
+    ordering guard and the processor: the processor imports the guard, and the guard knows the
+    processor only as :class:`txn.delivery.ordering.OrderingHost`."""
+    tool = _graph_tool()
+    graph = tool.collapse(tool.module_graph(ROOT), "txn", 99)
+    assert "txn.delivery.ordering" in graph["txn.delivery.processor.config"]
+    assert tool.cycles(graph) == []
+    assert tool.cycles(tool.collapse(tool.module_graph(ROOT), None, 1)) == []  # nor among the packages
+
+
+def test_cycle_finder_sees_lazy_and_type_checking_circles(tmp_path: Path) -> None:
+    (tmp_path / "txn" / "p").mkdir(parents=True)
+    (tmp_path / "txn" / "__init__.py").write_text("")
+    (tmp_path / "txn" / "p" / "__init__.py").write_text("from .m import X\n")
+    (tmp_path / "txn" / "a.py").write_text("def f():\n    from .b import g\n")
+    (tmp_path / "txn" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from txn import a\nfrom txn.p import m\n")
+    (tmp_path / "txn" / "p" / "m.py").write_text("import txn.client\nX = 1\n")
+    (tmp_path / "txn" / "client.py").write_text("from txn.p.m import X\n")
+    tool = _graph_tool()
+    graph = tool.collapse(tool.module_graph(tmp_path), "txn", 99)
+    assert graph["txn.b"] == {"txn.a", "txn.p.m"}
+    assert tool.cycles(graph) == [["txn.a", "txn.b"], ["txn.client", "txn.p.m"]]
+    assert tool.cycles(tool.collapse(tool.module_graph(tmp_path), "txn", 2)) == [
+        ["txn.a", "txn.b"], ["txn.client", "txn.p"]]
 
 
 #: Module specs ("pkg.mod:attr") that the library would load by name at run time: an import that

@@ -6,6 +6,7 @@ The package, split the way aiokafka splits its consumer (one module per concern)
 - :mod:`.config`: :class:`ConsumerType`, :class:`InitialPosition`, :class:`ConsumerConfig`;
 - :mod:`.flow`: flow permits and decoding (MESSAGE frames to messages, corrupt entries);
 - :mod:`.acks`: acknowledgements (grouped, batch-index, transactional, negative) and redelivery;
+- :mod:`.parent`: :class:`ConsumerParent`, what those parts use of the face (a Protocol);
 - :mod:`.topic_consumer`: :class:`TopicConsumer`, one topic or partition (subscribe, resubscribe,
   close), assembled from the flow and the ack tracker;
 - :mod:`.async_consumer`: :class:`AsyncConsumer`, the public face over all of them.
@@ -17,6 +18,7 @@ from .acks import TXN_ACK_CHUNK, AckTracker, _ack_set_words, _split_by_entry, _t
 from .async_consumer import AsyncConsumer
 from .config import ConsumerConfig, ConsumerType, InitialPosition
 from .flow import MessageFlow, T, _is_acked, log
+from .parent import ConsumerParent
 from .topic_consumer import TopicConsumer
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "AckTracker",
     "AsyncConsumer",
     "ConsumerConfig",
+    "ConsumerParent",
     "ConsumerType",
     "InitialPosition",
     "MessageFlow",

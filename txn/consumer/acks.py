@@ -14,10 +14,10 @@ from ..errors import AlreadyClosed, ConnectError, from_server_error
 from ..message import Message, MessageId, ReceivedMessage
 from ..protocol import pb
 from .config import ConsumerConfig, ConsumerType
+from .parent import ConsumerParent
 
 if TYPE_CHECKING:
     from ..transaction import AsyncTransaction
-    from .async_consumer import AsyncConsumer
 
 T = pb.BaseCommand
 
@@ -107,7 +107,7 @@ class AckTracker:
     and aborted transactions ask for redelivery (returning permits through the flow's ``_skip``).
     """
 
-    parent: AsyncConsumer
+    parent: ConsumerParent
     ctx: ClientContext
     conf: ConsumerConfig
     topic: str

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..connection import Connection, command
 from ..errors import ChecksumMismatch, ConnectError, CorruptMessage, PayloadTooLarge, ProtocolError, SizeLimitExceeded
 from ..message import MessageId, ReceivedMessage
 from ..protocol import Frame, decompress, pb, split_batch
-
-if TYPE_CHECKING:
-    from .async_consumer import AsyncConsumer
+from .parent import ConsumerParent
 
 log = logging.getLogger("txn.consumer")
 T = pb.BaseCommand
@@ -34,7 +32,7 @@ class MessageFlow:
     place.
     """
 
-    parent: AsyncConsumer
+    parent: ConsumerParent
     topic: str
     partition: int
     consumer_id: int

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
@@ -18,9 +18,7 @@ from ..protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
 from .acks import AckTracker
 from .config import ConsumerType
 from .flow import MessageFlow
-
-if TYPE_CHECKING:
-    from .async_consumer import AsyncConsumer
+from .parent import ConsumerParent
 
 log = logging.getLogger("txn.consumer")
 T = pb.BaseCommand
@@ -34,7 +32,7 @@ class TopicConsumer(MessageFlow, AckTracker):
     many make a FLOW), which only the receive queue touches, under its lock.
     """
 
-    def __init__(self, parent: AsyncConsumer, topic: str, partition: int, permits: int) -> None:
+    def __init__(self, parent: ConsumerParent, topic: str, partition: int, permits: int) -> None:
         self.parent = parent
         self.ctx = parent.ctx
         self.conf = parent.conf

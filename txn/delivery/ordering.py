@@ -47,15 +47,40 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PulsarError, Timeout
 from ..message import Message, MessageId
 from .dedup_store import DedupStore, OrderState, open_store
 
 if TYPE_CHECKING:
+    from ..client import AsyncClient
     from ..producer import AsyncProducer
-    from .processor import AsyncProcessor
+
+
+class _HostConfig(Protocol):
+    job: str
+    txn_timeout_ms: int
+
+
+class _HostStats(Protocol):
+    parked: int
+
+
+class OrderingHost(Protocol):
+    """What the guard uses of the processor that runs it (:class:`~txn.delivery.processor.AsyncProcessor`).
+
+    Defined here so that the processor depends on the guard and never the reverse: its job and
+    transaction timeout, its parked count, its client (to read ledger records) and its parking.
+    """
+
+    client: AsyncClient
+    config: _HostConfig
+    stats: _HostStats
+
+    async def park_message(self, m: Message, why: BaseException, batch_id: str) -> None:
+        """Park ``m`` (acknowledged from its input and produced to the parking topic, atomically)."""
+        ...
 
 #: The message's own business id.
 BUSINESS_ID = "pulsar-txn.id"
@@ -397,7 +422,7 @@ class OrderingGuard:
                     self._retry_at[b] = now + _RESOLVE_MARGIN_S
             return batch, pending
 
-    async def gate(self, proc: AsyncProcessor, batch: list[Message]) -> list[Message]:
+    async def gate(self, proc: OrderingHost, batch: list[Message]) -> list[Message]:
         """The processor's hook after collecting a batch: returns what to process now, in order;
         holds the rest; parks what hit a bound (through the processor's parking)."""
         self.attach(None, proc.config.job)
@@ -419,7 +444,7 @@ class OrderingGuard:
                 self.parked_count += 1
         return batch
 
-    async def _sweep(self, proc: AsyncProcessor) -> dict[str, OrderState]:
+    async def _sweep(self, proc: OrderingHost) -> dict[str, OrderState]:
         """Settle pending marks of transactions that must have ended (crashed instances): all
         marks of a transaction become done if its COMMITTED ledger record is readable, else go."""
         store, scope = self._st()
@@ -492,7 +517,7 @@ def record_ref(topic: str, mid: MessageId) -> str:
     return f"{topic}|{mid.ledger_id}:{mid.entry_id}:{mid.batch_index}"
 
 
-async def _record_committed(proc: AsyncProcessor, ref: str) -> bool | None:
+async def _record_committed(proc: OrderingHost, ref: str) -> bool | None:
     """True if the ledger record at ``ref`` is readable (its transaction committed), False if the
     reader passed its position without it (aborted), None if that could not be told yet."""
     topic, pos = ref.rsplit("|", 1)

@@ -49,13 +49,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...admin import admin_request, topic_path
 from ...topic import parse_topic
-
-if TYPE_CHECKING:
-    from .config import ProcessorStats
 
 PREFIX = "pulsartxn_processor"
 #: Commit-latency histogram bounds in seconds (ascending).
@@ -153,7 +150,8 @@ class BacklogProbe:
 class ProcessorMetrics:
     """The Prometheus collector of one processor (see the module docs for the series)."""
 
-    def __init__(self, job: str, stats: Callable[[], ProcessorStats], inflight: Callable[[], int] = lambda: 0,
+    # ``stats`` returns the processor's :class:`~.config.ProcessorStats` (not imported: config imports this module).
+    def __init__(self, job: str, stats: Callable[[], Any], inflight: Callable[[], int] = lambda: 0,
                  backlog: BacklogProbe | None = None, runtime: str = "processor") -> None:
         self.job = job
         self.runtime = runtime
