@@ -145,6 +145,13 @@ class TopicConsumer(MessageFlow, AckTracker):
 
     async def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
+        d = (await self.last_message_id_response()).last_message_id
+        return MessageId.from_pb(d, partition=self.partition, topic=self.topic)
+
+    async def last_message_id_response(self) -> pb.CommandGetLastMessageIdResponse:
+        """The broker's whole answer to GetLastMessageId, in one round trip: ``last_message_id``
+        and, on a durable subscription, ``consumer_mark_delete_position`` (the subscription's cursor).
+        Waits up to the operation timeout for the subscription; raises :class:`~txn.ConnectError`."""
         if not self.ready.is_set():
             await asyncio.wait_for(self.ready.wait(), self.ctx.operation_timeout)
         conn = self._conn
@@ -153,8 +160,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         rid = next_request_id()
         resp = await conn.request(command(T.GET_LAST_MESSAGE_ID, consumer_id=self.consumer_id, request_id=rid), rid)
         check_error(resp, "get last message id", topic=self.topic)
-        d = resp.getLastMessageIdResponse.last_message_id
-        return MessageId.from_pb(d, partition=self.partition, topic=self.topic)
+        return resp.getLastMessageIdResponse
 
     # -------------------------------------------------------------------- close
 
