@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from txn.settings import BrokerSettings, SettingsError, add_broker_arguments
 from txn.version import __version__
 
 from . import cli_api, localbroker
@@ -111,11 +112,12 @@ def cmd_process(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = load_handler(args.handler)
+    broker = BrokerSettings.from_args(args)
     extra = {}
     if args.ledger_topic:
         extra["ledger_topic"] = args.ledger_topic
     proc = Processor(
-        args.service_url,
+        broker.require_service_url(),
         args.input,
         args.output,
         args.subscription,
@@ -132,6 +134,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         ledger_guard=not args.no_ledger_guard,
         guard_max_ids=args.guard_max_ids,
         batch_entry_boundaries=args.batch_entry_boundaries,
+        client_kwargs=broker.client_kwargs(),
         metrics=_metrics_options(args),
         **extra,
     )
@@ -172,9 +175,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     replayer = None
     if args.transform:
         from spark_jobs.runtime import replay_outputs as replayer
+    broker = BrokerSettings.from_args(args)
     try:
-        res = replay(args.service_url, args.batch, ledger, handler=handler, output=args.output,
-                     transform=args.transform, replayer=replayer)
+        res = replay(broker.require_service_url(), args.batch, ledger, handler=handler, output=args.output,
+                     transform=args.transform, replayer=replayer, **broker.client_kwargs())
     except ReplayError as exc:
         print(f"cannot replay: {exc}", file=sys.stderr)
         return 1
@@ -243,10 +247,11 @@ def cmd_spark_drop_subscription(args: argparse.Namespace) -> int:
     else:
         print("error: give --checkpoint, or --topic and --subscription", file=sys.stderr)
         return 2
+    broker = BrokerSettings.from_args(args)
     for name, topics in held.items():
         for topic in topics:
             try:
-                dropped = drop_subscription(args.admin_url, topic, name, token=args.auth_token)
+                dropped = drop_subscription(broker.require_admin_url(), topic, name, **broker.admin_kwargs())
             except (DropError, OSError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
@@ -295,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     pr = sub.add_parser("process", help="exactly-once consume -> transform -> produce, one transaction per batch")
-    pr.add_argument("--service-url", required=True)
+    add_broker_arguments(pr, service_url_required=True, admin_url=False)
     pr.add_argument("--input", action="append", required=True, help="input topic (repeat for several)")
     pr.add_argument("--output", required=True, help="default output topic")
     pr.add_argument("--subscription", required=True)
@@ -326,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_process)
 
     rp = sub.add_parser("replay", help="replay a parked batch exactly once")
-    rp.add_argument("--service-url", required=True)
+    add_broker_arguments(rp, service_url_required=True, admin_url=False)
     rp.add_argument("--batch", required=True, help="batch id (from the ledger / the PARKED record)")
     rp.add_argument("--ledger-topic", default=None, help="default: pulsar-txn-ledger in --output's namespace")
     code = rp.add_mutually_exclusive_group(required=True)  # never taken from the ledger
@@ -361,11 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.set_defaults(func=cmd_spark_submit)
     sd = ssub.add_parser("drop-subscription", help="drop the durable subscription a retired streaming query of the "
                          "pulsar source holds (stop the query first)")
-    sd.add_argument("--admin-url", required=True, help="the broker's admin REST URL, e.g. http://127.0.0.1:8080")
     sd.add_argument("--checkpoint", default=None, help="the query's (local) checkpoint: its subscription, partitions")
     sd.add_argument("--topic", action="append", default=None, help="topic or partition (repeat for several)")
     sd.add_argument("--subscription", default=None, help="the subscription (option subscription of the query)")
-    sd.add_argument("--auth-token", default=None, help="bearer token for the admin API")
+    add_broker_arguments(sd, admin_url=True)
     sd.set_defaults(func=cmd_spark_drop_subscription)
 
     cli_api.register(sub)  # imports coordinator_api only when `api` runs
@@ -382,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except localbroker.BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # output piped into e.g. `head`
