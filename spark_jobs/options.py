@@ -31,6 +31,7 @@ __all__ = [
     "lower_options",
     "parse_bool",
     "resolve_aliases",
+    "settings_options",
 ]
 
 #: Canonical (lower-case) option name -> the other names accepted for it, on every face.
@@ -120,3 +121,22 @@ def broker_settings(o: Mapping[str, Any], who: str = "spark_jobs") -> BrokerSett
         )
     except SettingsError as exc:
         raise OptionError(f"the {who}'s connection options: {exc}") from None
+
+
+def settings_options(settings: BrokerSettings) -> dict[str, str]:
+    """The Spark options that carry ``settings`` (the inverse of :func:`broker_settings`): what a
+    driver passes to the ``pulsar`` source or the ``pulsar-txn`` sink it builds a plan on."""
+    o: dict[str, str] = {"service_url": settings.require_service_url()}
+    if settings.admin_url:
+        o["admin_url"] = settings.admin_url
+    if settings.auth_token_file:
+        o["authToken"] = "file://" + settings.auth_token_file
+    elif settings.auth_token:
+        o["authToken"] = settings.auth_token
+    if settings.tls_trust_certs_file_path:
+        o["tlsTrustCertsFilePath"] = settings.tls_trust_certs_file_path
+    if settings.tls_allow_insecure_connection:
+        o["tlsAllowInsecureConnection"] = "true"
+    if settings.tls_validate_hostname:
+        o["tlsValidateHostname"] = "true"
+    return o

@@ -83,6 +83,23 @@ def test_sink_accepts_aliases_and_security_options(tmp_path: Path) -> None:
         SinkOptions.parse({"service_url": URL, "topic": "out", "writer": "pandas"})
 
 
+def test_settings_round_trip_through_spark_options(tmp_path: Path) -> None:
+    """What the runtime passes on: BrokerSettings -> Spark options -> the same settings, on the
+    source and the sink."""
+    from spark_jobs.options import broker_settings, lower_options, settings_options
+    from txn.settings import BrokerSettings
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x\n")
+    for s in (BrokerSettings(URL, ADMIN, auth_token="t0k", tls_trust_certs_file_path=str(ca),
+                             tls_validate_hostname=True),
+              BrokerSettings(URL, None, auth_token_file="/run/tok", tls_allow_insecure_connection=True)):
+        opts = settings_options(s)
+        assert broker_settings(lower_options(opts)) == s
+        assert SourceOptions.parse({**opts, "topics": "a"}).settings() == s
+        assert SinkOptions.parse({**opts, "topic": "a"}).settings == s
+
+
 # ------------------------------------------------------------------- sink: columns
 
 
