@@ -29,6 +29,9 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +79,22 @@ JVM_MEM = {
 
 class ClusterError(BrokerError):
     """The local cluster could not be started, checked or stopped."""
+
+
+def _put(url: str, path: str, redirects: int = 3) -> int:
+    """PUT to the admin API, following redirects (urllib follows them only for GET); the final status."""
+    for _ in range(redirects + 1):
+        req = urllib.request.Request(url + path, method="PUT")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status
+        except urllib.error.HTTPError as e:
+            location = e.headers.get("Location")
+            if e.code not in (301, 302, 307, 308) or not location:
+                return e.code
+            parts = urllib.parse.urlsplit(location)
+            url, path = f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
+    return 307
 
 
 @dataclass
@@ -526,9 +545,8 @@ class LocalCluster:
                 if not bundle:
                     continue
                 dest_id = f"{HOST}:{self.brokers[dest].ports['web']}"
-                status, _ = admin_request(  # the owner itself: others answer 307, which urllib won't follow for PUT
-                    "PUT", self.admin_url_of(i),
-                    f"/admin/v2/namespaces/pulsar/system/{bundle}/unload?destinationBroker={dest_id}")
+                status = _put(self.admin_url_of(i),
+                              f"/admin/v2/namespaces/pulsar/system/{bundle}/unload?destinationBroker={dest_id}")
                 self.progress(f"moving coordinator {tc}'s bundle {bundle} broker-{i} -> broker-{dest}: {status}")
                 moved = True
         if not moved:
