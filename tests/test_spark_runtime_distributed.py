@@ -59,9 +59,9 @@ def fill(official, topic: str, n: int, batched: bool = False, start: int = 0, ke
     """``n`` messages ``v<i>`` (keys k0.., ``keys`` of them), batched (entries of up to 7) or one per entry."""
     if batched:
         p = official.create_producer(topic, batching_enabled=True, batching_max_messages=7,
-                                     batching_max_publish_delay_ms=20)
+                                     batching_max_publish_delay_ms=20, block_if_queue_full=True)
     else:
-        p = official.create_producer(topic, batching_enabled=False)
+        p = official.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     values = [f"v{i}".encode() for i in range(start, start + n)]
     for i, v in enumerate(values):
         p.send_async(v, None, partition_key=f"k{i % keys}")
@@ -70,11 +70,11 @@ def fill(official, topic: str, n: int, batched: bool = False, start: int = 0, ke
     return values
 
 
-def read_all(official, topic: str) -> list[bytes]:  # noqa: ANN001
+def read_all(official, topic: str, timeout_s: float = 60) -> list[bytes]:  # noqa: ANN001
     """Every committed message of ``topic`` from the start, up to a sentinel."""
     c = official.subscribe(topic, f"check-{uuid.uuid4().hex[:6]}", initial_position=pulsar.InitialPosition.Earliest)
     try:
-        return [m.data() for m in read_until_sentinel(official, c, topic, timeout_s=60)
+        return [m.data() for m in read_until_sentinel(official, c, topic, timeout_s=timeout_s)
                 if SENTINEL_PROP not in m.properties()]  # earlier checks' sentinels
     finally:
         c.close()
@@ -338,6 +338,24 @@ def test_retried_write_task_is_exact_with_deduplication(broker, official, ns, un
     assert any(a > 0 for r in committed for a in r.config["task_attempts"].values())
 
 
+@pytest.mark.slow
+def test_million_message_batch_with_a_small_driver(broker, official, ns, unique_name, tmp_path):  # noqa: ANN001
+    """One batch of 1M messages with spark.driver.memory=512m and spark.driver.maxResultSize=16m:
+    the driver never holds the rows; every output exactly once."""
+    n = 1_000_000
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    create_partitioned_topic(broker.admin_url, inp, 4)
+    values = fill(official, inp, n, batched=True, keys=1000)
+    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": n, "txn_timeout_ms": 600_000,
+           "driver_memory": "512m", "max_result_size": "16m"}
+    code, stats = _child(broker, cfg, tmp_path / "child.log")
+    assert code == 0 and stats is not None, (tmp_path / "child.log").read_text()[-3000:]
+    assert stats["messages"] == n and stats["aborts"] == 0
+    assert Counter(read_all(official, out, timeout_s=900)) == upper_of(values)
+    committed = [r for r in records(broker, ledger) if r.kind == Kind.COMMITTED]
+    assert sum(r.input_count for r in committed) == n and all(len(r.to_json()) < 4000 for r in committed)
+
+
 def _child_main(cfg: dict) -> None:
     """This file run as a script: one driver, own SparkSession; prints its stats as JSON."""
     import logging
@@ -348,7 +366,9 @@ def _child_main(cfg: dict) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     s = (SparkSession.builder.master(cfg.get("master", "local[2]")).config("spark.ui.enabled", "false")
          .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+         .config("spark.sql.shuffle.partitions", "2")
+         .config("spark.driver.memory", cfg.get("driver_memory", "1g"))
+         .config("spark.driver.maxResultSize", cfg.get("max_result_size", "1g")).getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     stats = run_job(s, cfg["service_url"], cfg["inputs"], cfg["output"], "rt", upper, job="rt",
                     ledger_topic=cfg["ledger"], admin_url=cfg["admin_url"], progress=sys.stderr,
