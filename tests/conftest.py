@@ -59,7 +59,8 @@ def _sanitise(name: str, limit: int = 40) -> str:
 
 
 @contextlib.contextmanager
-def _local_broker(request: pytest.FixtureRequest, prefix: str, *, security: bool) -> Iterator[Broker]:
+def _local_broker(request: pytest.FixtureRequest, prefix: str, *, security: bool,
+                  authorization: bool = False) -> Iterator[Broker]:
     """Start a LocalBroker on free ports in a fresh data dir; keep the dir if tests failed."""
     data_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     ports: set[int] = set()
@@ -69,6 +70,7 @@ def _local_broker(request: pytest.FixtureRequest, prefix: str, *, security: bool
     local = LocalBroker(
         data_dir, broker_port=broker_port, web_port=web_port, bookie_port=bookie_port,
         transaction_coordinators=2, security=security, broker_port_tls=tls_port if security else None,
+        authorization=authorization,
     )
     failed_before = request.session.testsfailed
     started = False
@@ -98,6 +100,15 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         yield Broker(service_url, admin_url)
         return
     with _local_broker(request, "pulsar-txn-test-", security=True) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def authz_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A broker of its own with token authentication and authorization on: role ``tester`` (its
+    ``token``) is the super-user and ``anonymous`` is granted nothing, so a path that forgets its
+    credentials is refused. Always started locally (~20 s, once per session)."""
+    with _local_broker(request, "pulsar-txn-authz-", security=True, authorization=True) as b:
         yield b
 
 

@@ -1,19 +1,16 @@
 """The Spark source and sink against a broker with authentication *and* authorization on.
 
-The broker (tests/authz_broker.py, started by this module: ~20 s) refuses the anonymous role
-everything: the test namespace grants it nothing, so any client, admin call or task that forgets
-its credentials fails. Writes and reads that pass ``authToken`` (and the TLS options on
-``pulsar+ssl://``) must therefore carry them on every path: the driver's transaction and ledger
-records, the executors' producers and leases, the deduplication check, the commit, the source's
-readers. Rows are checked with the official client (authenticated).
+The broker (``authz_broker`` in tests/conftest.py: ``LocalBroker(authorization=True)``, started once per
+session, ~20 s) refuses the anonymous role everything: the test namespace grants it nothing, so any client,
+admin call or task that forgets its credentials fails. Writes and reads that pass ``authToken`` (and the TLS
+options on ``pulsar+ssl://``) must therefore carry them on every path: the driver's transaction and ledger
+records, the executors' producers and leases, the deduplication check, the commit, the source's readers. Rows
+are checked with the official client (authenticated).
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
@@ -22,35 +19,24 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from authz_broker import AuthzBroker  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from txn.admin import admin_request  # noqa: E402
-from txn_shell.localbroker import free_port  # noqa: E402
+from txn_shell.localbroker import LocalBroker  # noqa: E402
 
 from peer import assert_nothing, read_n  # noqa: E402
 from spark_session import spark  # noqa: E402, F401
 
 
 @pytest.fixture(scope="module")
-def authz() -> Iterator[AuthzBroker]:
-    data_dir = tempfile.mkdtemp(prefix="pulsar-txn-authz-", dir="/tmp")
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(free_port())
-    a, b, c, d = ports
-    broker = AuthzBroker(data_dir, broker_port=a, web_port=b, bookie_port=c, broker_port_tls=d,
-                         transaction_coordinators=2)
-    broker.start(timeout=240)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+def authz(authz_broker) -> LocalBroker:  # noqa: ANN001
+    """The session's broker with authorization on (tests/conftest.py ``authz_broker``)."""
+    assert authz_broker.local is not None
+    return authz_broker.local
 
 
 @pytest.fixture(scope="module")
-def ns(authz: AuthzBroker) -> str:
+def ns(authz: LocalBroker) -> str:
     """A namespace with deduplication on and no permission for the anonymous role."""
     name = f"public/spark-sec-{uuid.uuid4().hex[:8]}"
     tok = authz.token
@@ -62,7 +48,7 @@ def ns(authz: AuthzBroker) -> str:
     return name
 
 
-def _official(authz: AuthzBroker) -> pulsar.Client:
+def _official(authz: LocalBroker) -> pulsar.Client:
     return pulsar.Client(authz.service_url, authentication=pulsar.AuthenticationToken(authz.token),
                          logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
 
@@ -73,7 +59,7 @@ def _rows(spark, n: int):  # noqa: ANN001, ANN202, F811
         F.concat(F.lit("k"), (F.col("id") % 3).cast("string")).alias("key"))
 
 
-def _read(authz: AuthzBroker, topic: str, n: int) -> list[bytes]:
+def _read(authz: LocalBroker, topic: str, n: int) -> list[bytes]:
     client = _official(authz)
     try:
         c = client.subscribe(topic, f"check-{uuid.uuid4().hex[:6]}", initial_position=pulsar.InitialPosition.Earliest)
@@ -90,7 +76,7 @@ def _expected(n: int) -> list[bytes]:
 
 @pytest.mark.parametrize(("writer", "token_from"), [("arrow", "value"), ("rows", "file")])
 def test_sink_with_token_writes_and_source_reads(  # noqa: ANN001
-        spark, authz: AuthzBroker, ns: str, tmp_path: Path, writer: str, token_from: str) -> None:  # noqa: F811
+        spark, authz: LocalBroker, ns: str, tmp_path: Path, writer: str, token_from: str) -> None:  # noqa: F811
     """Every path of the write and of the read authenticates (the namespace refuses anonymous)."""
     topic = f"persistent://{ns}/out-{uuid.uuid4().hex[:8]}"
     token = authz.token
@@ -107,7 +93,7 @@ def test_sink_with_token_writes_and_source_reads(  # noqa: ANN001
     assert sorted(r.value for r in df.select("value").collect()) == _expected(40)
 
 
-def test_forgotten_credentials_fail_and_write_nothing(spark, authz: AuthzBroker, ns: str) -> None:  # noqa: F811
+def test_forgotten_credentials_fail_and_write_nothing(spark, authz: LocalBroker, ns: str) -> None:  # noqa: F811
     """Without ``authToken`` the sink is refused: by the admin API (the deduplication check) when
     ``admin_url`` is given, else by the broker (the driver's transaction); the source too. Nothing
     is written."""
@@ -127,7 +113,7 @@ def test_forgotten_credentials_fail_and_write_nothing(spark, authz: AuthzBroker,
         client.close()
 
 
-def test_sink_over_tls_with_token(spark, authz: AuthzBroker, ns: str) -> None:  # noqa: F811
+def test_sink_over_tls_with_token(spark, authz: LocalBroker, ns: str) -> None:  # noqa: F811
     """``pulsar+ssl://`` with ``tlsTrustCertsFilePath``: written exactly once; without the trust
     certificates the write fails (the broker's certificate is signed by the test CA)."""
     topic = f"persistent://{ns}/tls-{uuid.uuid4().hex[:8]}"

@@ -128,6 +128,17 @@ def _security_overrides(sec_dir: Path, tls_port: int) -> dict[str, str]:
     }
 
 
+def _authorization_overrides(token_file: Path) -> dict[str, str]:
+    """Broker config that turns authorization on: role ``tester`` is the super-user, the broker's
+    own clients authenticate with its token, and ``anonymous`` may do only what is granted to it."""
+    return {
+        "authorizationEnabled": "true",
+        "superUserRoles": TOKEN_ROLE,
+        "brokerClientAuthenticationPlugin": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
+        "brokerClientAuthenticationParameters": f"file://{token_file}",
+    }
+
+
 JVM_MEM = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=1g"
 # The distribution default adds -XX:+AlwaysPreTouch (slow start) and ZGC.
 JVM_GC = "-XX:+UseG1GC -XX:+PerfDisableSharedMem"
@@ -317,15 +328,19 @@ _CONNECT, _CONNECTED, _PING, _PONG = 2, 3, 18, 19
 _TC_CONNECT_REQ, _TC_CONNECT_RESP = 62, 63
 
 
-def probe_transaction_coordinator(host: str, port: int, tc_id: int, timeout: float = 30.0) -> None:
+def probe_transaction_coordinator(host: str, port: int, tc_id: int, timeout: float = 30.0,
+                                  token: str | None = None) -> None:
     """Send TC_CLIENT_CONNECT_REQUEST for ``tc_id``; raise BrokerError unless it succeeds.
 
     This is what makes the broker load (recover) that coordinator. The broker
     answers ServiceNotReady unless it owns the TC's assign partition, so do a
-    lookup first.
+    lookup first. ``token`` authenticates the connection (needed with authorization on).
     """
     with socket.create_connection((host, port), timeout=timeout) as sock:
-        _send_cmd(sock, _CONNECT, 2, _pb_bytes(1, b"txn-localbroker") + _pb_int(4, 21))
+        connect = _pb_bytes(1, b"txn-localbroker") + _pb_int(4, 21)
+        if token:  # CommandConnect.auth_data (3) and auth_method_name (5)
+            connect += _pb_bytes(3, token.encode()) + _pb_bytes(5, b"token")
+        _send_cmd(sock, _CONNECT, 2, connect)
         reply = _recv_cmd(sock)
         if reply.get(1) != _CONNECTED:
             raise BrokerError(f"CONNECT rejected by {host}:{port}: {reply}")
@@ -511,6 +526,7 @@ class LocalBroker:
         progress: Progress = print,
         security: bool | None = None,
         broker_port_tls: int | None = None,
+        authorization: bool | None = None,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir else cache_dir() / "standalone-data"
         self.data_dir = self.data_dir.expanduser().resolve()
@@ -528,6 +544,10 @@ class LocalBroker:
             transaction_coordinators or saved.get("transaction_coordinators") or 1
         )
         self.security: bool = bool(saved.get("security", False) if security is None else security)
+        self.authorization: bool = bool(
+            saved.get("authorization", False) if authorization is None else authorization)
+        if self.authorization and not self.security:
+            raise BrokerError("authorization needs security=True (token authentication)")
         self.broker_port_tls: int | None = (
             (broker_port_tls or saved.get("broker_port_tls") or DEFAULT_BROKER_PORT_TLS) if self.security else None
         )
@@ -535,6 +555,7 @@ class LocalBroker:
             # Already running: its actual ports (and security mode) win over the arguments.
             self.broker_port, self.web_port = saved["broker_port"], saved["web_port"]
             self.security = bool(saved.get("security", False))
+            self.authorization = bool(saved.get("authorization", False))
             self.broker_port_tls = saved.get("broker_port_tls") if self.security else None
         self._pulsar_home = Path(pulsar_home) if pulsar_home else None
         self.progress = progress
@@ -699,6 +720,8 @@ class LocalBroker:
             assert self.broker_port_tls is not None
             self._ensure_security_material()
             overrides.update(_security_overrides(self.security_dir, self.broker_port_tls))
+            if self.authorization:
+                overrides.update(_authorization_overrides(self.token_path))
         lo = loopback_interface()
         if lo:  # make the bookie bind to 127.0.0.1 (advertisedAddress) instead of 0.0.0.0
             overrides["listeningInterface"] = lo
@@ -713,6 +736,7 @@ class LocalBroker:
             "bookie_port": self.bookie_port,
             "transaction_coordinators": self.transaction_coordinators,
             "security": self.security,
+            "authorization": self.authorization,
             "broker_port_tls": self.broker_port_tls,
             "pid": pid,
         }
@@ -815,8 +839,13 @@ class LocalBroker:
 
     def _check(self, warm: bool) -> str | None:
         """None if healthy, else why not. ``warm`` loads TCs and sets the TC count."""
+        token = self.token if self.authorization else None  # anonymous is refused with authorization on
+
+        def req(method: str, path: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
+            return admin_request(method, self.admin_url, path, body, timeout=timeout, token=token)
+
         try:
-            status, body = admin_request("GET", self.admin_url, "/admin/v2/clusters", timeout=5)
+            status, body = req("GET", "/admin/v2/clusters", timeout=5)
             if status != 200 or CLUSTER not in (body or []):
                 return f"admin API: GET /admin/v2/clusters -> {status}"
             if not port_open(self.broker_port):
@@ -824,7 +853,7 @@ class LocalBroker:
             if self.broker_port_tls is not None and not port_open(self.broker_port_tls):
                 return f"TLS binary port {self.broker_port_tls} not accepting connections"
             tc_path = f"/admin/v2/{topic_path(TC_ASSIGN_TOPIC)}/partitions"
-            status, body = admin_request("GET", self.admin_url, tc_path, timeout=5)
+            status, body = req("GET", tc_path, timeout=5)
             n = body.get("partitions", 0) if status == 200 and isinstance(body, dict) else 0
             if n <= 0:
                 return "transaction coordinator assign topic not created yet"
@@ -833,9 +862,9 @@ class LocalBroker:
             if warm and n < self.transaction_coordinators:
                 # Updating answers 409 (the broker refuses to create the assign
                 # partitions as topics) but the new count is stored; re-read it.
-                admin_request("POST", self.admin_url, tc_path, self.transaction_coordinators)
+                req("POST", tc_path, self.transaction_coordinators)
                 return f"raising transaction coordinators {n} -> {self.transaction_coordinators}"
-            status, stats = admin_request("GET", self.admin_url, "/admin/v3/transactions/coordinatorStats")
+            status, stats = req("GET", "/admin/v3/transactions/coordinatorStats")
             ready = status == 200 and isinstance(stats, dict) and len(stats) == n and all(
                 s.get("state") == "Ready" for s in stats.values())
             if ready:
@@ -844,10 +873,10 @@ class LocalBroker:
                 return "transaction coordinators not loaded"
             for tc in range(n):
                 topic = f"{topic_path(TC_ASSIGN_TOPIC)}-partition-{tc}"
-                status, body = admin_request("GET", self.admin_url, f"/lookup/v2/topic/{topic}")
+                status, body = req("GET", f"/lookup/v2/topic/{topic}")
                 if status != 200:
                     return f"lookup of TC {tc} assign partition -> {status}"
-                probe_transaction_coordinator(HOST, self.broker_port, tc)
+                probe_transaction_coordinator(HOST, self.broker_port, tc, token=token)
             return "transaction coordinators loading"
         except (OSError, BrokerError, ValueError) as e:
             return f"{type(e).__name__}: {e}"
@@ -869,6 +898,7 @@ class LocalBroker:
             "service_url": self.service_url,
             "admin_url": self.admin_url,
             "security": self.security,
+            "authorization": self.authorization,
             "service_url_tls": self.service_url_tls,
             "broker_port": self.broker_port,
             "broker_port_tls": self.broker_port_tls,
