@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from txn.client import AsyncClient
 
-from .db import make_engine
+from .engine import make_engine
 from .live import Live
 from .projection import Projector
 from .replays import ReplayService

@@ -9,7 +9,7 @@ transactions a chunk touched, so they never count anything twice either.
 never changes a batch of another. ``quarantine`` keeps the messages of a ledger topic that are
 not valid records (or could not be stored), raw and bounded, with the reason.
 
-Databases made by older versions are upgraded at start-up (:func:`upgrade`): missing indexes are
+Databases made by older versions are upgraded at start-up (:func:`coordinator_api.engine.upgrade`): missing indexes are
 created, ``batches`` (derived from ``ledger_records``) is rebuilt with its new key, and
 ``replays`` is copied into its new shape. Start one replica first after an upgrade.
 """
@@ -30,10 +30,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    create_engine,
-    event,
     inspect,
-    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
@@ -172,54 +169,6 @@ quarantine = Table(
     UniqueConstraint("topic", "msg_ledger", "msg_entry", "msg_partition", "msg_batch", name="uq_quarantine_position"),
 )
 Index("ix_quarantine_topic", quarantine.c.topic, quarantine.c.id)
-
-
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the schema created (and upgraded, see :func:`upgrade`); SQLite
-    gets WAL and a busy timeout. SQL parameters never appear in errors (``hide_parameters``):
-    they hold ledger records."""
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-    else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, hide_parameters=True)
-    metadata.create_all(engine)
-    upgrade(engine)
-    create_indexes(engine)
-    return engine
-
-
-def upgrade(engine: Engine) -> list[str]:
-    """Bring tables made by an older version to this schema; returns the tables changed.
-
-    - ``batches`` keyed by batch id alone: dropped, created with the (ledger topic, batch id) key
-      and rebuilt from ``ledger_records`` (it is derived from them).
-    - ``replays`` unique by batch id, without ``resumes``: its rows are copied into the new shape."""
-    insp = inspect(engine)
-    changed = []
-    if set(insp.get_pk_constraint("batches")["constrained_columns"]) != {"ledger_topic", "batch_id"}:
-        from .projection import rebuild_batches  # the projection computes batch rows
-
-        with engine.begin() as conn:
-            batches.drop(conn)
-            batches.create(conn)
-            rebuild_batches(conn)
-        changed.append("batches")
-    if "resumes" not in {c["name"] for c in insp.get_columns("replays")}:
-        with engine.begin() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM replays")).all()]
-            replays.drop(conn)
-            replays.create(conn)
-            if rows:
-                conn.execute(replays.insert(), [{**r, "resumes": 0} for r in rows])
-        changed.append("replays")
-    return changed
 
 
 def create_indexes(engine: Engine) -> None:

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 import txn
 from coordinator_api import db
-from coordinator_api.db import make_engine
+from coordinator_api.engine import make_engine
 from coordinator_api.projection import Entry, apply_chunk, load_position
 from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, LedgerSchemaError, default_ledger_topic, json_depth

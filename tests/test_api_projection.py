@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 import txn
 from coordinator_api import db
+from coordinator_api.engine import make_engine
 from txn.admin import create_namespace
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
 
@@ -89,10 +90,10 @@ def test_restart_mid_projection(broker: Any, tmp_path: Path, request: pytest.Fix
         url = f"sqlite:///{tmp_path}/api.db"
     else:
         url = request.getfixturevalue("pg_url").replace("postgresql://", "postgresql+psycopg://", 1)
-        with db.make_engine(url).begin() as conn:  # the session's database may hold other tests' tables
+        with make_engine(url).begin() as conn:  # the session's database may hold other tests' tables
             for table in reversed(db.metadata.sorted_tables):
                 conn.execute(table.delete())
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     server = ApiServer(broker, url, tmp_path / "api.log", ledger_topics=[ledger],
                        extra_env={"PULSAR_TXN_PROJECTION_BATCH": "10"})
     kills_at = []

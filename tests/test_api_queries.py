@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, select, text
 
 from coordinator_api import db, metrics, projection, queries
+from coordinator_api.engine import make_engine
 from txn.delivery.ledger import LedgerRecord
 from txn.message import MessageId
 
@@ -131,7 +132,7 @@ def expected_job(job: str, batches: list[dict[str, Any]], txns: list[dict[str, A
 
 
 def test_read_queries_agree_with_their_definitions(url: str) -> None:
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     try:
         project(engine, ledger())
         batches, txns, reps = rows(engine, db.batches), rows(engine, db.transactions), rows(engine, db.replays)
@@ -192,7 +193,7 @@ def test_a_database_of_the_previous_schema_gets_the_new_indexes(url: str) -> Non
                     conn.execute(text(f"DROP INDEX {index.name}"))
         conn.execute(text("CREATE INDEX ix_batches_job_status ON batches (job, status)"))
     old.dispose()
-    project_on = db.make_engine(url)
+    project_on = make_engine(url)
     try:
         project(project_on, ledger()[:200])  # the old database works, and has all indexes now
         declared = {str(ix.name) for t in db.metadata.sorted_tables for ix in t.indexes}

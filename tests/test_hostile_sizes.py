@@ -340,13 +340,14 @@ def test_projection_quarantines_a_corrupt_ledger_message(broker, topic, tmp_path
     from sqlalchemy import select
 
     from coordinator_api import db
+    from coordinator_api.engine import make_engine
     from coordinator_api.projection import Projector
     from txn.delivery.ledger import LedgerRecord
 
     recs = [LedgerRecord(kind="COMMITTED", job="corrupt", batch_id=f"c:{i}", txn_id=f"(0,{i})", attempt=1,
                          inputs={"in": [f"(1,{i},-1,-1)"]}, outputs={"out": 1}, started_at_ms=i,
                          ended_at_ms=i + 1).to_json() for i in (1, 2)]
-    engine = db.make_engine(f"sqlite:///{tmp_path}/p.db")
+    engine = make_engine(f"sqlite:///{tmp_path}/p.db")
 
     async def go() -> tuple[int, int, txn.MessageId]:
         async with txn.AsyncClient(broker.service_url) as c:

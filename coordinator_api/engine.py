@@ -1,0 +1,62 @@
+"""Opening the control plane's database: the engine, the schema created and upgraded.
+
+Here, above both the schema (:mod:`.db`) and the projection (:mod:`.projection`), because an
+upgrade rebuilds derived rows with the projection's rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect, text
+
+from .db import batches, create_indexes, metadata, replays
+from .projection import rebuild_batches
+
+__all__ = ["make_engine", "upgrade"]
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` with the schema created (and upgraded, see :func:`upgrade`); SQLite
+    gets WAL and a busy timeout. SQL parameters never appear in errors (``hide_parameters``):
+    they hold ledger records."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+    else:
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, hide_parameters=True)
+    metadata.create_all(engine)
+    upgrade(engine)
+    create_indexes(engine)
+    return engine
+
+
+def upgrade(engine: Engine) -> list[str]:
+    """Bring tables made by an older version to this schema; returns the tables changed.
+
+    - ``batches`` keyed by batch id alone: dropped, created with the (ledger topic, batch id) key
+      and rebuilt from ``ledger_records`` (it is derived from them).
+    - ``replays`` unique by batch id, without ``resumes``: its rows are copied into the new shape."""
+    insp = inspect(engine)
+    changed = []
+    if set(insp.get_pk_constraint("batches")["constrained_columns"]) != {"ledger_topic", "batch_id"}:
+        with engine.begin() as conn:
+            batches.drop(conn)
+            batches.create(conn)
+            rebuild_batches(conn)
+        changed.append("batches")
+    if "resumes" not in {c["name"] for c in insp.get_columns("replays")}:
+        with engine.begin() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM replays")).all()]
+            replays.drop(conn)
+            replays.create(conn)
+            if rows:
+                conn.execute(replays.insert(), [{**r, "resumes": 0} for r in rows])
+        changed.append("replays")
+    return changed
