@@ -164,6 +164,12 @@ class CoordinatorClient:
             await self._txn_command(txn, T.END_TXN, "endTxnResponse", verb, None, attempts,
                                     txn_action=pb.COMMIT if commit else pb.ABORT)
         except PulsarError as exc:
+            done = f"but it is in {'COMMITTED' if commit else 'ABORTED'} status"
+            if attempts[0] > 1 and exc.server_error == "InvalidTxnStatus" and done in exc.message:
+                # The interrupted attempt reached the coordinator (e.g. its broker died after
+                # ending the transaction, and the coordinator moved): it reports the state asked for.
+                log.info("%s of %s: an interrupted earlier attempt completed it", verb, txn)
+                return
             if attempts[0] > 1 and exc.server_error == "TransactionNotFound":
                 exc.message += " (an earlier attempt was interrupted and may have completed)"
                 exc.args = (exc.render(),)
