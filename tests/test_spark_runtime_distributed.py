@@ -286,12 +286,13 @@ def _child(broker, cfg: dict, log: Path, fault: str | None = None) -> tuple[int,
 
 
 def _kill_case(broker, official, ns, unique_name, tmp_path, point: str, batched: bool, partitions: int,
-               n: int = 90) -> None:  # noqa: ANN001
+               n: int = 90, master: str = "local[2]") -> None:  # noqa: ANN001
     inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
     if partitions:
         create_partitioned_topic(broker.admin_url, inp, partitions)
     values = fill(official, inp, n, batched, keys=n)
-    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": 30, "txn_timeout_ms": 30000}
+    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": 30, "txn_timeout_ms": 30000,
+           "master": master}
     log = tmp_path / "child.log"
     code, _ = _child(broker, cfg, log, f"{point}:2")
     assert code == -9, log.read_text()[-3000:]
@@ -320,13 +321,46 @@ def test_driver_sigkill_matrix(broker, official, ns, unique_name, tmp_path, poin
     _kill_case(broker, official, ns, unique_name, tmp_path, point, batched, partitions, n=400)
 
 
+@pytest.fixture(scope="module")
+def standalone():  # noqa: ANN201
+    """A Spark standalone cluster (master + one 2-core worker on loopback) for the module."""
+    import shutil
+    import tempfile
+
+    from txn_shell import spark_cluster
+
+    d = tempfile.mkdtemp(prefix="spark-rt-cluster-", dir="/tmp")
+    url = spark_cluster.start_cluster(d, cores=2, memory="1g", timeout=180)
+    try:
+        yield url
+    finally:
+        spark_cluster.stop_cluster(d)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["kill_before_runtime_commit", "kill_after_runtime_commit"])
+def test_driver_sigkill_on_standalone_cluster(broker, official, ns, unique_name, tmp_path, standalone, point):  # noqa: ANN001
+    """The same SIGKILLs with the executors on a standalone cluster (other processes than the driver)."""
+    _kill_case(broker, official, ns, unique_name, tmp_path, point, True, 2, n=200, master=standalone)
+
+
+@pytest.mark.slow
+def test_retried_write_task_on_standalone_cluster(broker, official, ns, unique_name, tmp_path, standalone):  # noqa: ANN001
+    _retried_write_case(broker, official, ns, unique_name, tmp_path, standalone)
+
+
 def test_retried_write_task_is_exact_with_deduplication(broker, official, ns, unique_name, tmp_path):  # noqa: ANN001
     """local[2,3]: Spark retries a write task whose first attempt failed after sending rows into the
     transaction; broker deduplication (verified through admin_url) drops what it sent again."""
+    _retried_write_case(broker, official, ns, unique_name, tmp_path, "local[2,3]")
+
+
+def _retried_write_case(broker, official, ns, unique_name, tmp_path, master: str) -> None:  # noqa: ANN001
     inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
     create_partitioned_topic(broker.admin_url, inp, 2)
     values = fill(official, inp, 80, batched=True, keys=80)
-    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": 200, "master": "local[2,3]",
+    cfg = {"inputs": [inp], "output": out, "ledger": ledger, "batch_max_messages": 200, "master": master,
            "runtime_options": {"write_fail_dir": str(tmp_path), "write_batch_max_rows": 5}}
     code, stats = _child(broker, cfg, tmp_path / "child.log")
     assert code == 0 and stats is not None, (tmp_path / "child.log").read_text()[-3000:]
