@@ -1,24 +1,24 @@
 """The exactly-once function runtime: Pulsar Functions semantics, with a Spark DataFrame transform.
 
-Each micro-batch:
+Each micro-batch runs the user's transform, ``DataFrame -> DataFrame``, on a DataFrame of input
+messages (the ``pulsar`` source's columns: key, value, topic, partition, message_id,
+publish_time, event_time, properties) — window aggregations, joins, anything Spark does — and
+produces the result rows (columns ``value``, optional ``key``, ``topic``, ``properties``) to the
+output topic(s); outputs, input acknowledgements and the ledger record commit in one Pulsar
+transaction. :func:`run_job` is the entry point, in one of two modes:
 
-1. consumes up to ``batch_max_messages`` (or ``batch_max_delay_ms`` worth) from the input
-   topics on a subscription;
-2. runs the user's transform, ``DataFrame -> DataFrame``, on a DataFrame of those messages
-   (the ``pulsar`` source's columns: key, value, topic, partition, message_id, publish_time,
-   event_time, properties) — window aggregations, joins, anything Spark does;
-3. produces the result rows (columns ``value``, optional ``key``, ``topic``, ``properties``)
-   to the output topic(s), acknowledges the inputs, and writes the ledger record — all in one
-   Pulsar transaction, committed by the driver.
+- ``"distributed"`` (the default; :mod:`spark_jobs.runtime_driver`, ``runtime_plan``,
+  ``runtime_batch``): the driver plans message-id ranges per input partition, executors read
+  them, run the transform and write into the transaction, the driver acknowledges the ranges
+  cumulatively and commits. Rows never pass through the driver, and a ledger record holds
+  ranges, not ids.
+- ``"driver"`` (:class:`SparkProcessor`): :class:`txn.delivery.processor.AsyncProcessor` with a
+  DataFrame transform in place of a per-message handler: the driver consumes the batch,
+  ``createDataFrame``, transform, ``collect()``, and produces from the driver. Faster for
+  batches of a few thousand messages (no distributed job's fixed cost); bounded by the driver.
 
-It is :class:`txn.delivery.processor.AsyncProcessor` with a DataFrame transform in place of a
-per-message handler, so everything else is shared: the batch ledger, aborts that bring the
-inputs back, narrowing a failing batch down to its poison message(s), parking them, replay,
-pipelined commits, and the exactly-once reasoning under crashes, restarts and zombies.
-
-The result rows are collected to the driver and produced from there: a micro-batch is bounded
-by ``batch_max_messages``, and producing from one place keeps one transaction per batch with
-nothing for a retried or speculative Spark task to duplicate.
+Both share the ledger, parking (the processor's ``PARK_*`` conventions) and replay
+(:func:`replay_outputs`).
 """
 
 from __future__ import annotations

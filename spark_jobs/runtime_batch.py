@@ -48,6 +48,24 @@ class TransformError(RuntimeError):
     """The transform, or the Spark job that runs it, failed: the batch aborts (and is retried)."""
 
 
+class BrokerSideError(TransformError):
+    """A task of the batch's job failed on the broker's side (a lost connection, a timeout, a busy
+    coordinator): not the batch's fault, so it does not count towards ``max_attempts``."""
+
+
+#: Marks a task failure that is the broker's side (see :func:`_broker_side`); Spark passes the
+#: task's error text to the driver.
+BROKER_SIDE = "[pulsar-txn broker-side]"
+
+
+def _broker_side(exc: BaseException) -> bool:
+    """A Pulsar error that another attempt may not meet (not a bad output, like a message too big)."""
+    from txn.errors import InvalidTopicName, MessageTooBig, NotAllowed, TopicNotFound
+
+    return isinstance(exc, txn.PulsarError) and not isinstance(
+        exc, (MessageTooBig, InvalidTopicName, TopicNotFound, NotAllowed))
+
+
 # ---------------------------------------------------------------------------------- reading
 
 
@@ -111,10 +129,15 @@ def reader_fn(opts: SourceOptions, ranges: list[Range], acc: Any, poll_ms: int) 
             for i in b.column(0).to_pylist():
                 r = ranges[i]
                 final = None
-                for msgs, st in _scan(opts, r, poll_ms):
-                    final = st
-                    if msgs:
-                        yield _to_arrow(msgs, r, schema)  # type: ignore[arg-type] - has .topic, .partition
+                try:
+                    for msgs, st in _scan(opts, r, poll_ms):
+                        final = st
+                        if msgs:
+                            yield _to_arrow(msgs, r, schema)  # type: ignore[arg-type] - has .topic, .partition
+                except Exception as exc:
+                    if _broker_side(exc):
+                        raise RuntimeError(f"{BROKER_SIDE} read of {r.name}: {type(exc).__name__}: {exc}") from exc
+                    raise
                 if final is not None and final.last is not None:
                     acc.add({r.name: (final.last[0], final.last[1], final.count)})
 
@@ -204,7 +227,12 @@ def writer_fn(cfg: WriteConfig, columns: tuple[str, ...],
             deterministic_order=cfg.deterministic_order, has_key="key" in columns, has_topic="topic" in columns,
             has_props="properties" in columns, batch_max_rows=cfg.batch_max_rows, batch_max_bytes=cfg.batch_max_bytes)
         rows = (row for b in batches for row in b.to_pylist())
-        res = run(write_partition(plan, rows, hook))
+        try:
+            res = run(write_partition(plan, rows, hook))
+        except Exception as exc:
+            if _broker_side(exc):
+                raise RuntimeError(f"{BROKER_SIDE} write task {pid}: {type(exc).__name__}: {exc}") from exc
+            raise
         yield pa.RecordBatch.from_pylist(
             [{"partition": pid, "attempt": attempt, "counts": json.dumps(res.counts), "rows": res.rows,
               "duplicates": res.duplicates}],
@@ -217,7 +245,8 @@ def writer_fn(cfg: WriteConfig, columns: tuple[str, ...],
 def _fail_hook(directory: str, pid: int, attempt: int) -> Any:
     """Test hook (``write_fail_dir``): the first attempt of each write task (the one that creates
     ``<dir>/p<partition>``) fails after it has sent its first batch of rows: a task that dies
-    midway, its first rows already in the transaction. Returns the send hook, or None."""
+    midway, its first rows already in the transaction (with a ``<dir>/broker-side`` file, with a
+    broker-side error). Returns the send hook, or None."""
     import os
 
     marker = os.path.join(directory, f"p{pid}")
@@ -226,10 +255,14 @@ def _fail_hook(directory: str, pid: int, attempt: int) -> Any:
     except FileExistsError:
         return None
     os.close(fd)
+    broker_side = os.path.exists(os.path.join(directory, "broker-side"))
 
     async def hook(index: int, fut: Any) -> None:
         await fut  # the row is stored (in the open transaction)
-        raise RuntimeError(f"test fault: write task {pid} attempt {attempt} fails after sending row {index}")
+        what = f"test fault: write task {pid} attempt {attempt} fails after sending row {index}"
+        if broker_side:  # as if its connection to the broker broke
+            raise txn.ConnectError(what)
+        raise RuntimeError(what)
 
     return hook
 
@@ -267,6 +300,8 @@ def run_batch(spark: Any, transform: Callable[[Any], Any], opts: SourceOptions, 
             raise ValueError("the transform's result needs a 'value' column (binary or string)")
         summaries = out.select(*cols).mapInArrow(writer_fn(cfg, cols, fail_hook), SUMMARY_SCHEMA).collect()
     except Exception as exc:  # the transform, or the Spark job running it, failed: the batch fails
+        if BROKER_SIDE in str(exc):
+            raise BrokerSideError(f"{type(exc).__name__}: {_short(exc)}") from exc
         raise TransformError(f"{type(exc).__name__}: {_short(exc)}") from exc
     ends = {k: ReadEnd((v[0], v[1]), v[2]) for k, v in acc.value.items()}
     unread = [r.name for r in ranges if r.name not in ends]
@@ -315,5 +350,6 @@ def _short(exc: BaseException, limit: int = 2000) -> str:
     return text[:limit]
 
 
-__all__ = ["BatchResult", "TransformError", "WriteConfig", "list_entries", "read_messages", "run_batch"]
+__all__ = ["BROKER_SIDE", "BatchResult", "BrokerSideError", "TransformError", "WriteConfig", "list_entries",
+           "read_messages", "run_batch"]
 

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 import txn
+from txn.backoff import Backoff
 from txn.delivery.batch_ids import narrowed_batch_id, processor_batch_id
 from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, ensure_ledger_retained, now_ms
 from txn.delivery.ledger_reader import read_records
@@ -66,7 +67,15 @@ from txn.delivery.processor import (
 from txn.errors import PulsarError, TransactionError
 from txn.topic import parse_topic
 
-from .runtime_batch import BatchResult, TransformError, WriteConfig, list_entries, read_messages, run_batch
+from .runtime_batch import (
+    BatchResult,
+    BrokerSideError,
+    TransformError,
+    WriteConfig,
+    list_entries,
+    read_messages,
+    run_batch,
+)
 from .runtime_plan import Entry, Range, ReadEnd, cursor_and_last, entry_text, parse_entry, plan, record_ranges
 from .sink_runtime import deduplication_enabled
 from .source import SourceOptions, TopicPartition, _Pulsar
@@ -200,6 +209,7 @@ class DistributedRuntime:
         idle_since = time.monotonic()
         last_progress = time.monotonic()
         done = 0
+        backoff = Backoff(0.5, 30.0)
         while not self._stopping and (max_batches is None or done < max_batches):
             try:
                 ranges = self._plan()
@@ -218,9 +228,12 @@ class DistributedRuntime:
                 self._process(ranges, bid, bid)
             except _Transient as exc:
                 self.stats.aborts += 1
-                log.warning("batch %s hit a broker-side failure (%s); planning again from the subscription", bid, exc)
-                time.sleep(0.5)
+                delay = backoff.next()
+                log.warning("batch %s hit a broker-side failure (%s); planning again from the subscription in "
+                            "%.1f s", bid, exc, delay)
+                time.sleep(delay)
                 continue
+            backoff = Backoff(0.5, 30.0)
             done += 1
             idle_since = time.monotonic()
             if self.progress is not None and time.monotonic() - last_progress >= c.progress_interval_s:
@@ -304,6 +317,9 @@ class DistributedRuntime:
                           self.exact_retries, self.deterministic_order, self.write_batch_max_rows)
         try:
             res = run_batch(self.spark, self.transform, self.opts, ranges, cfg, self.poll_ms, self.write_fail_dir)
+        except BrokerSideError as exc:
+            self._abort(t, batch_id, attempt, started, str(exc))
+            raise _Transient(str(exc)) from exc
         except TransformError as exc:
             self._abort(t, batch_id, attempt, started, str(exc))
             raise _Failed(str(exc)) from exc

@@ -227,6 +227,22 @@ def test_failing_write_task_aborts_and_the_batch_runs_again(broker, spark, offic
     assert sum(r.input_count for r in recs if r.kind == Kind.COMMITTED) == 60
 
 
+def test_broker_side_task_failure_does_not_count_as_an_attempt(broker, spark, official, ns, unique_name,  # noqa: ANN001, F811
+                                                                  tmp_path):
+    """A write task fails with a broker-side error (a broken connection): with max_attempts=1 the
+    batch is still not narrowed or parked, it is planned again and commits."""
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    values = fill(official, inp, 30)
+    (tmp_path / "broker-side").touch()
+    stats = run(broker, spark, upper, [inp], out, ledger, batch_max_messages=100, max_attempts=1,
+                runtime_options={"write_fail_dir": str(tmp_path), "write_batch_max_rows": 5})
+    assert (stats.messages, stats.parked) == (30, 0) and stats.aborts >= 1
+    assert Counter(read_all(official, out)) == upper_of(values)
+    recs = records(broker, ledger)
+    assert [r for r in recs if r.kind == Kind.PARKED] == []
+    assert any("ConnectError" in (r.error or "") for r in recs if r.kind == Kind.ABORTED)
+
+
 def test_zombie_driver_cannot_commit(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
     """Driver A has produced, acknowledged and written its COMMITTED record, then pauses; the broker
     drops its consumers and driver B takes the subscription over (aborting A's open transaction),
