@@ -33,6 +33,7 @@ from txn import AsyncClient, Message
 from txn.delivery.ledger import RecordConfig
 from txn.delivery.output import Output, load_handler
 from txn.delivery.processor import AsyncProcessor, BatchFailed, ProcessorConfig, ProcessorStats
+from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
 from .compat import check_pyspark
@@ -129,7 +130,7 @@ class SparkProcessor(AsyncProcessor):
         return super()._record_config().updated(runtime="spark", transform=self.config.handler_spec)
 
 
-def _run_distributed(spark: Any, service_url: str, fn: Transform, conf: ProcessorConfig, admin_url: str | None,
+def _run_distributed(spark: Any, settings: BrokerSettings, fn: Transform, conf: ProcessorConfig,
                      progress: TextIO | None, max_batches: int | None, idle_exit_ms: int | None,
                      options: dict[str, Any]) -> ProcessorStats:
     import signal
@@ -137,7 +138,8 @@ def _run_distributed(spark: Any, service_url: str, fn: Transform, conf: Processo
 
     from .runtime_driver import DistributedRuntime
 
-    rt = DistributedRuntime(spark, service_url, fn, conf, admin_url=admin_url, progress=progress, **options)
+    rt = DistributedRuntime(spark, settings.require_service_url(), fn, conf, admin_url=settings.admin_url,
+                            progress=progress, settings=settings, **options)
     job = conf.job
     if progress is not None:
         rt.on_commit = lambda b, t, n, counts, ms: print(
@@ -162,7 +164,7 @@ def _unused_handler(message: Message) -> None:  # pragma: no cover - SparkProces
 
 def run_job(
     spark: Any,
-    service_url: str,
+    service_url: str | None,
     inputs: list[str],
     output: str,
     subscription: str,
@@ -177,6 +179,7 @@ def run_job(
     mode: str = DISTRIBUTED,
     admin_url: str | None = None,
     runtime_options: dict[str, Any] | None = None,
+    settings: BrokerSettings | None = None,
     **config: Any,
 ) -> ProcessorStats:
     """Run a Spark exactly-once job until stopped (or ``max_batches`` / ``idle_exit_ms``).
@@ -187,7 +190,10 @@ def run_job(
     deduplication on the output (then a retried Spark write task is exact; without it a retried
     write task fails the batch, which runs again). ``runtime_options``: further keywords of
     :class:`spark_jobs.runtime_driver.DistributedRuntime` (``source_options`` for authentication
-    and TLS, ``poll_timeout_ms``, ``deterministic_order``).
+    and TLS, ``poll_timeout_ms``, ``deterministic_order``). ``settings``: the broker connection
+    (:class:`txn.settings.BrokerSettings`: token or token file, TLS trust certificates) of every
+    client and admin call, the driver's and the executors' (sink and source); ``service_url`` and
+    ``admin_url``, where given, override its URLs.
 
     Raises :class:`spark_jobs.compat.UnsupportedPySparkError` first when the installed pyspark is
     outside the tested range."""
@@ -199,12 +205,13 @@ def run_job(
     conf = ProcessorConfig(inputs=inputs, output=output, subscription=subscription, job=job,
                            batch_max_messages=batch_max_messages, batch_max_delay_ms=batch_max_delay_ms,
                            handler_spec=spec, **config)
+    broker = (settings or BrokerSettings()).with_urls(service_url, admin_url)
+    broker.require_service_url()
     if mode == DISTRIBUTED:
-        return _run_distributed(spark, service_url, fn, conf, admin_url, progress, max_batches, idle_exit_ms,
-                                runtime_options or {})
+        return _run_distributed(spark, broker, fn, conf, progress, max_batches, idle_exit_ms, runtime_options or {})
 
     async def main() -> ProcessorStats:
-        async with AsyncClient(service_url) as client:
+        async with AsyncClient(broker.require_service_url(), **broker.client_kwargs()) as client:
             proc = SparkProcessor(client, spark, fn, conf, progress)
             if progress is not None:
                 proc.on_commit = lambda b, t, n, counts, ms: print(

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import txn
+from txn.settings import BrokerSettings
 
 from .runtime_plan import Entry, Range, ReadEnd, wire_entry
 from .sink_runtime import TaskPlan, run, write_partition
@@ -41,7 +42,7 @@ from .source import SCHEMA, SourceOptions, _arrow_schema, _Pulsar, _to_arrow
 ROWS_PER_BATCH = 4096
 SUMMARY_SCHEMA = "partition long, attempt long, counts string, rows long, duplicates long"
 ENTRY_SCHEMA = "name string, ledger long, entry long, messages long"
-OUTPUT_COLUMNS = ("key", "value", "topic", "properties")
+OUTPUT_COLUMNS = ("key", "value", "topic", "properties", "event_time")
 
 
 class TransformError(RuntimeError):
@@ -203,6 +204,8 @@ class WriteConfig:
     deterministic_order: bool = True
     batch_max_rows: int = 1000
     batch_max_bytes: int = 128 * 1024
+    #: Credentials and TLS of the executors' clients (None: ``service_url`` without them).
+    settings: BrokerSettings | None = None
 
 
 def writer_fn(cfg: WriteConfig, columns: tuple[str, ...],
@@ -225,10 +228,10 @@ def writer_fn(cfg: WriteConfig, columns: tuple[str, ...],
             service_url=cfg.service_url, admin_url=None, txn_id=cfg.txn_id, txn_timeout_ms=cfg.txn_timeout_ms,
             default_topic=cfg.default_topic, lease_topic=cfg.lease_topic, partition_id=pid, attempt=attempt,
             deterministic_order=cfg.deterministic_order, has_key="key" in columns, has_topic="topic" in columns,
-            has_props="properties" in columns, batch_max_rows=cfg.batch_max_rows, batch_max_bytes=cfg.batch_max_bytes)
-        rows = (row for b in batches for row in b.to_pylist())
+            has_props="properties" in columns, has_event_time="event_time" in columns,
+            batch_max_rows=cfg.batch_max_rows, batch_max_bytes=cfg.batch_max_bytes, settings=cfg.settings)
         try:
-            res = run(write_partition(plan, rows, hook))
+            res = run(write_partition(plan, batches, hook, arrow=True))
         except Exception as exc:
             if _broker_side(exc):
                 raise RuntimeError(f"{BROKER_SIDE} write task {pid}: {type(exc).__name__}: {exc}") from exc

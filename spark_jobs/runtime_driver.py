@@ -65,8 +65,10 @@ from txn.delivery.processor import (
     ProcessorStats,
 )
 from txn.errors import PulsarError, TransactionError
+from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
+from .options import settings_options
 from .runtime_batch import (
     BatchResult,
     BrokerSideError,
@@ -103,10 +105,15 @@ class DistributedRuntime:
                  admin_url: str | None = None, progress: TextIO | None = None,
                  source_options: dict[str, str] | None = None, poll_timeout_ms: int = 60000,
                  deterministic_order: bool = True, write_batch_max_rows: int = 1000,
-                 write_fail_dir: str | None = None) -> None:
+                 write_fail_dir: str | None = None, settings: BrokerSettings | None = None) -> None:
         self.spark, self.transform, self.config = spark, transform, config
-        self.service_url, self.admin_url, self.progress = service_url, admin_url, progress
-        self.opts = SourceOptions.parse({**(source_options or {}), "service_url": service_url,
+        #: Credentials and TLS of every client and admin call, the driver's and the executors'.
+        self.settings = (settings or BrokerSettings()).with_urls(service_url, admin_url)
+        self.service_url = self.settings.require_service_url()
+        self.admin_url, self.progress = self.settings.admin_url, progress
+        src = settings_options(self.settings)
+        src.pop("admin_url", None)  # the runtime names its inputs; the source needs no topic listing
+        self.opts = SourceOptions.parse({**src, **(source_options or {}), "service_url": self.service_url,
                                          "topics": ",".join(config.inputs)})
         self.output = str(parse_topic(config.output))
         self.ledger_topic = config.ledger_topic or default_ledger(self.output)
@@ -138,7 +145,7 @@ class DistributedRuntime:
         conn.hold(c.subscription, sorted(self._tps))
         self._ledger = conn.run(self._open_ledger())
         if self.admin_url:
-            self.exact_retries = deduplication_enabled(self.admin_url, self.output)
+            self.exact_retries = deduplication_enabled(self.admin_url, self.output, settings=self.settings)
         for name, (mark, _) in self._positions().items():
             self._after[name] = mark if mark is not None else _EARLIEST
         if c.ledger_guard:
@@ -314,7 +321,8 @@ class DistributedRuntime:
                                   input_ranges=record_ranges(ranges, {r.name: ReadEnd(r.to, 0) for r in ranges}),
                                   started_at_ms=started, config=self._record_config()))
         cfg = WriteConfig(self.service_url, str(t.id), c.txn_timeout_ms, self.output, self.ledger_topic,
-                          self.exact_retries, self.deterministic_order, self.write_batch_max_rows)
+                          self.exact_retries, self.deterministic_order, self.write_batch_max_rows,
+                          settings=self.settings)
         try:
             res = run_batch(self.spark, self.transform, self.opts, ranges, cfg, self.poll_ms, self.write_fail_dir)
         except BrokerSideError as exc:

@@ -125,3 +125,84 @@ def test_sink_over_tls_with_token(spark, authz: LocalBroker, ns: str) -> None:  
     _rows(spark, 30).write.format("pulsar-txn").mode("append").options(
         **opts, tlsTrustCertsFilePath=str(authz.ca_cert_path)).save()
     assert _read(authz, topic, 30) == _expected(30)
+
+
+def _upper(df):  # noqa: ANN001, ANN202
+    return df.select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
+
+
+def _fill(authz: LocalBroker, topic: str, n: int) -> None:
+    client = _official(authz)
+    try:
+        p = client.create_producer(topic, batching_enabled=False)
+        for i in range(n):
+            p.send(f"v{i}".encode(), partition_key=f"k{i % 3}")
+        p.close()
+    finally:
+        client.close()
+
+
+def test_runtime_batch_over_tls_with_token(spark, authz: LocalBroker, ns: str, tmp_path: Path) -> None:  # noqa: F811
+    """The distributed runtime with :class:`BrokerSettings` (token file, ``pulsar+ssl://``, trust
+    certificates): the driver's subscription, transaction, acks and ledger, the deduplication check
+    and the executors' reads and writes all authenticate; the batch commits exactly once. Without
+    the token the run is refused (the anonymous role may do nothing) and nothing is written."""
+    from spark_jobs.runtime import run_job
+    from txn.settings import BrokerSettings
+
+    inp, out, denied = (f"persistent://{ns}/rt-{x}-{uuid.uuid4().hex[:8]}" for x in ("in", "out", "denied"))
+    _fill(authz, inp, 30)
+    assert authz.token and authz.service_url_tls and authz.ca_cert_path
+    (tmp_path / "token").write_text(authz.token + "\n")
+    secured = BrokerSettings(service_url=authz.service_url_tls, admin_url=authz.admin_url,
+                             auth_token_file=str(tmp_path / "token"), tls_trust_certs_file_path=str(authz.ca_cert_path))
+    stats = run_job(spark, None, [inp], out, "rt-sec", _upper, job="rt-sec", settings=secured,
+                    batch_max_messages=100, idle_exit_ms=1500, progress=None)
+    assert (stats.batches, stats.messages, stats.outputs, stats.aborts) == (1, 30, 30, 0)
+    assert _read(authz, out, 30) == sorted(f"V{i}".encode() for i in range(30))
+
+    anonymous = BrokerSettings(service_url=authz.service_url_tls, admin_url=authz.admin_url,
+                               tls_trust_certs_file_path=str(authz.ca_cert_path))
+    with pytest.raises(Exception, match="AuthorizationError|not authorized|HTTP 40[13]") as refused:
+        run_job(spark, None, [inp], denied, "rt-sec-denied", _upper, job="rt-sec-denied", settings=anonymous,
+                batch_max_messages=100, idle_exit_ms=1500, progress=None)
+    assert inp in str(refused.value)  # the typed error names the topic the broker refused
+    client = _official(authz)
+    try:
+        c = client.subscribe(denied, "nothing", initial_position=pulsar.InitialPosition.Earliest)
+        assert_nothing(c, 1000)
+    finally:
+        client.close()
+
+
+def test_spark_submit_token_from_env(authz: LocalBroker, ns: str, tmp_path: Path) -> None:
+    """``pulsar-txn spark submit`` over ``pulsar+ssl://`` with the token file and trust certificates
+    from ``PULSAR_TXN_AUTH_TOKEN_FILE`` / ``PULSAR_TXN_TLS_TRUST_CERTS``: one batch, exactly once."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    inp, out = (f"persistent://{ns}/cli-{x}-{uuid.uuid4().hex[:8]}" for x in ("in", "out"))
+    client = _official(authz)
+    try:
+        p = client.create_producer(inp, batching_enabled=False)
+        for v in (b"sku=A,qty=3", b"sku=B,qty=2", b"sku=C,qty=5"):
+            p.send(v)
+        p.close()
+    finally:
+        client.close()
+    (tmp_path / "token").write_text(authz.token + "\n")
+    env = {**os.environ, "PULSAR_TXN_AUTH_TOKEN_FILE": str(tmp_path / "token"),
+           "PULSAR_TXN_TLS_TRUST_CERTS": str(authz.ca_cert_path)}
+    for k in ("PULSAR_TXN_AUTH_TOKEN", "PULSAR_TXN_SERVICE_URL", "PULSAR_TXN_ADMIN_URL"):
+        env.pop(k, None)
+    r = subprocess.run(
+        [sys.executable, "-m", "txn_shell.cli", "spark", "submit", "enrich", "--service-url", authz.service_url_tls,
+         "--admin-url", authz.admin_url, "--input", inp, "--output", out, "--subscription", "cli-sec",
+         "--master", "local[1]", "--exit-when-idle-ms", "2000", "--batch-max-delay-ms", "1000"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stopped: 1 batches, 3 messages, 3 outputs, 0 aborts, 0 parked" in r.stderr, r.stderr[-3000:]
+    got = sorted(json.loads(v)["sku"] for v in _read(authz, out, 3))
+    assert got == ["A", "B", "C"]

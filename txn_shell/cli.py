@@ -203,6 +203,8 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
     # Python workers must run this interpreter (the one with txn, pyarrow and the job's code).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spec = JOBS.get(args.job_spec, args.job_spec)
+    broker = BrokerSettings.from_args(args)
+    broker.require_service_url()  # before Spark starts
     spark = (SparkSession.builder.master(args.master).appName(f"pulsar-txn {args.job or args.job_spec}")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
              .getOrCreate())
@@ -214,12 +216,12 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
     print(f"spark {spark.version} on {args.master}: job {spec} {', '.join(args.input)} -> {args.output}",
           file=sys.stderr, flush=True)
     try:
-        stats = run_job(spark, args.service_url, args.input, args.output, args.subscription, spec,
+        stats = run_job(spark, None, args.input, args.output, args.subscription, spec, settings=broker,
                         job=args.job or args.job_spec, batch_max_messages=args.batch_max_messages,
                         batch_max_delay_ms=args.batch_max_delay_ms, max_batches=args.max_batches,
                         idle_exit_ms=args.exit_when_idle_ms, max_attempts=args.max_attempts,
                         txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=args.progress_interval,
-                        mode=args.mode, admin_url=args.admin_url)
+                        mode=args.mode)
     finally:
         spark.stop()
     print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.outputs} outputs, "
@@ -344,7 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = sp.add_subparsers(dest="spark_command", required=True)
     sm = ssub.add_parser("submit", help="run a DataFrame -> DataFrame job, one transaction per micro-batch")
     sm.add_argument("job_spec", metavar="JOB", help="module:function, or an example: enrich, windowed_counts")
-    sm.add_argument("--service-url", required=True)
+    # --admin-url: checks broker deduplication on the output, which makes a retried Spark write task
+    # exact (without it a retried write task fails the batch, which runs again).
+    add_broker_arguments(sm, service_url_required=True, admin_url=True)
     sm.add_argument("--input", action="append", required=True)
     sm.add_argument("--output", required=True)
     sm.add_argument("--subscription", required=True)
@@ -361,8 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--mode", choices=("distributed", "driver"), default="distributed",
                     help="distributed: executors read, transform and write (default); driver: all in the driver "
                     "(faster for batches of a few thousand messages)")
-    sm.add_argument("--admin-url", default=None, help="admin API: checks broker deduplication on the output, which "
-                    "makes a retried Spark write task exact (without it a retried write task fails the batch)")
     sm.set_defaults(func=cmd_spark_submit)
     sd = ssub.add_parser("drop-subscription", help="drop the durable subscription a retired streaming query of the "
                          "pulsar source holds (stop the query first)")
