@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from txn import AsyncClient, Message
+from txn.bridge import run_blocking
 from txn.delivery.ledger import RecordConfig
 from txn.delivery.output import Output, load_handler
 from txn.delivery.processor import AsyncProcessor, BatchFailed, ProcessorConfig, ProcessorStats
@@ -56,7 +57,7 @@ def messages_schema() -> Any:
 def _row(m: Message) -> tuple[Any, ...]:
     t = parse_topic(m.topic_name())
     mid = m.message_id()
-    key = m._key  # noqa: SLF001 - None when the message has no key
+    key = m.partition_key() if m.has_partition_key() else None
     et = m.event_timestamp()
     return (
         key.encode() if key is not None else None,
@@ -231,4 +232,4 @@ def run_job(
             finally:
                 await proc.close()
 
-    return asyncio.run(main())
+    return run_blocking(main(), "run_job()")

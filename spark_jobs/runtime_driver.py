@@ -196,7 +196,7 @@ class DistributedRuntime:
     def release(self) -> None:
         """Close the subscription's consumers (what the broker does to a driver it considers gone)."""
         if self._conn is not None:
-            for consumer in self._conn._held.values():  # noqa: SLF001
+            for consumer in self._conn.held.values():
                 self._conn.run(consumer.close())
 
     def stop(self) -> None:
@@ -254,7 +254,7 @@ class DistributedRuntime:
         names = sorted(self._tps)
 
         async def all_() -> list[tuple[Entry | None, Entry | None]]:
-            return await asyncio.gather(*(cursor_and_last(conn._held[n]) for n in names))  # noqa: SLF001
+            return await asyncio.gather(*(cursor_and_last(conn.held[n]) for n in names))
 
         return dict(zip(names, conn.run(all_()), strict=True))
 
@@ -354,7 +354,7 @@ class DistributedRuntime:
                       started: int) -> None:
         """Acknowledge the ranges, write COMMITTED, commit: all in ``t``."""
         assert self._conn is not None
-        held = self._conn._held  # noqa: SLF001
+        held = self._conn.held
         await asyncio.gather(*(held[r.name].acknowledge_cumulative(
             txn.MessageId(*res.ends[r.name].to), t) for r in ranges))
         rec = LedgerRecord(kind=Kind.COMMITTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id),
@@ -457,7 +457,7 @@ class DistributedRuntime:
                     o.content, properties=o.properties, partition_key=o.partition_key, txn=t))
                 counts[topic] = counts.get(topic, 0) + 1
             parked_topic, parked_sends = await self._send_parked(r, bad, c.max_attempts, root, t)
-            await self._conn._held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)  # noqa: SLF001
+            await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
             recs = [LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=c.max_attempts,
                                  inputs={r.name: [str(m.message_id()) for m, _ in bad]},
                                  input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
@@ -524,7 +524,7 @@ class DistributedRuntime:
         t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
         try:
             parked_topic, sends = await self._send_parked(r, [(m, error) for m in msgs], attempts, root, t)
-            await self._conn._held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)  # noqa: SLF001
+            await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
             rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=attempts,
                                inputs={r.name: [str(m.message_id()) for m in msgs]},
                                input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),

@@ -26,14 +26,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import txn
-from txn.connection import check_error, command, next_request_id
-from txn.protocol import pb
 
 from .offsets import last_position
 
 Entry = tuple[int, int]
 _U64 = (1 << 64) - 1
-_T = pb.BaseCommand.Type
 
 
 def entry_text(e: Entry) -> str:
@@ -114,15 +111,8 @@ def record_ranges(ranges: list[Range], ends: dict[str, ReadEnd]) -> dict[str, di
 async def cursor_and_last(consumer: Any) -> tuple[Entry | None, Entry | None]:
     """(the subscription's mark-delete entry, the partition's last deliverable entry) of a consumer
     on one partition, in one ``GetLastMessageId`` round trip; None where there is none."""
-    subs = getattr(consumer, "topic_consumers", None) or consumer._subs  # noqa: SLF001 - (older name)
-    sub = subs[0]  # the one partition this consumer reads
-    conn = sub._conn  # noqa: SLF001
-    if conn is None:
-        raise txn.ConnectError("the job's subscription is not connected", topic=sub.topic)
-    rid = next_request_id()
-    resp = await conn.request(command(_T.GET_LAST_MESSAGE_ID, consumer_id=sub.consumer_id, request_id=rid), rid)
-    check_error(resp, "get last message id", topic=sub.topic)
-    r = resp.getLastMessageIdResponse
+    sub = consumer.topic_consumers[0]  # the one partition this consumer reads
+    r = await sub.last_message_id_response()
     d = r.last_message_id
     pos = last_position(txn.MessageId(d.ledgerId, d.entryId, -1, d.batch_index if d.HasField("batch_index") else -1))
     last = None if pos is None else (pos[0], pos[1])
