@@ -24,7 +24,6 @@ Both share the ledger, parking (the processor's ``PARK_*`` conventions) and repl
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -35,59 +34,14 @@ from txn.delivery.ledger import RecordConfig
 from txn.delivery.output import Output, load_handler
 from txn.delivery.processor import AsyncProcessor, BatchFailed, ProcessorConfig, ProcessorStats
 from txn.settings import BrokerSettings
-from txn.topic import parse_topic
 
 from .compat import check_pyspark
+from .runtime_rows import message_row, messages_schema, to_outputs  # messages_schema, to_outputs: public here too
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
 #: ``run_job`` modes: executors read, transform and write (default), or all of it in the driver.
 DISTRIBUTED = "distributed"
 DRIVER = "driver"
-
-_UTC = dt.UTC
-
-
-def messages_schema() -> Any:
-    """The Spark schema of a micro-batch's input DataFrame: the ``pulsar`` source's columns."""
-    from .source import SCHEMA
-
-    return SCHEMA
-
-
-def _row(m: Message) -> tuple[Any, ...]:
-    t = parse_topic(m.topic_name())
-    mid = m.message_id()
-    key = m.partition_key() if m.has_partition_key() else None
-    et = m.event_timestamp()
-    return (
-        key.encode() if key is not None else None,
-        m.data(),
-        t.base,
-        t.partition_index,
-        str(mid),
-        mid.serialize(),
-        dt.datetime.fromtimestamp(m.publish_timestamp() / 1000, _UTC),
-        dt.datetime.fromtimestamp(et / 1000, _UTC) if et else None,
-        dict(m.properties()),
-    )
-
-
-def to_outputs(rows: list[Any]) -> list[Output]:
-    """Turn result rows into :class:`Output` (``value`` required; ``key``, ``topic``, ``properties`` optional)."""
-    out: list[Output] = []
-    for r in rows:
-        d = r.asDict() if hasattr(r, "asDict") else dict(r)
-        if "value" not in d:
-            raise ValueError("the transform's result needs a 'value' column (binary or string)")
-        v = d["value"]
-        content = v.encode() if isinstance(v, str) else bytes(v) if v is not None else b""
-        k = d.get("key")
-        key = k.decode() if isinstance(k, (bytes, bytearray)) else (str(k) if k is not None else None)
-        props = d.get("properties")
-        out.append(Output(content, topic=d.get("topic") or None,
-                          properties={str(a): str(b) for a, b in props.items()} if props else None,
-                          partition_key=key))
-    return out
 
 
 def replay_outputs(spec: str, msgs: list[Message]) -> list[Output]:
@@ -100,7 +54,7 @@ def replay_outputs(spec: str, msgs: list[Message]) -> list[Output]:
     transform = load_handler(spec)
     spark = SparkSession.getActiveSession() or SparkSession.builder.master("local[1]").config(
         "spark.ui.enabled", "false").getOrCreate()
-    df = spark.createDataFrame([_row(m) for m in msgs], messages_schema())
+    df = spark.createDataFrame([message_row(m) for m in msgs], messages_schema())
     return to_outputs(transform(df).collect())
 
 
@@ -117,7 +71,7 @@ class SparkProcessor(AsyncProcessor):
 
     async def _transform(self, msgs: list[Message]) -> list[tuple[Message, list[Output]]]:
         def run() -> list[Output]:
-            df = self.spark.createDataFrame([_row(m) for m in msgs], messages_schema())
+            df = self.spark.createDataFrame([message_row(m) for m in msgs], messages_schema())
             try:
                 return to_outputs(self.transform(df).collect())
             except Exception as exc:  # the transform (or the Spark job) failed: the batch fails

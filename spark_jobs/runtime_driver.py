@@ -79,6 +79,7 @@ from .runtime_batch import (
     run_batch,
 )
 from .runtime_plan import Entry, Range, ReadEnd, cursor_and_last, entry_text, parse_entry, plan, record_ranges
+from .runtime_rows import message_row, messages_schema, to_outputs
 from .sink_runtime import deduplication_enabled
 from .source import SourceOptions, TopicPartition, _Pulsar
 
@@ -401,12 +402,10 @@ class DistributedRuntime:
         failing message(s) by bisecting it on the driver (the entry is small: one producer batch),
         then one transaction commits the others' outputs, parks the failing ones and acknowledges
         the entry (COMMITTED under ``<batch_id>.0``, PARKED under ``root``)."""
-        from .runtime import _row, messages_schema, to_outputs
-
         msgs = read_messages(self.opts, r, self.poll_ms)
 
         def outputs_of(subset: list[txn.Message]) -> list[Any]:
-            df = self.spark.createDataFrame([_row(m) for m in subset], messages_schema())
+            df = self.spark.createDataFrame([message_row(m) for m in subset], messages_schema())
             return to_outputs(self.transform(df).collect())
 
         bad: list[tuple[txn.Message, str]] = []

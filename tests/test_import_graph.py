@@ -200,6 +200,20 @@ def test_no_import_cycle_among_library_modules() -> None:
     assert tool.cycles(tool.collapse(tool.module_graph(ROOT), None, 1)) == []  # nor among the packages
 
 
+def test_no_import_cycle_among_the_modules_of_any_package() -> None:
+    """No circle among the modules of each package (``txn``, ``spark_jobs``, ``coordinator_api``,
+    ``txn_shell``), lazy and type-checking imports included; e.g. the Spark runtime imports its
+    driver, and the driver takes the rows it needs from :mod:`spark_jobs.runtime_rows`, never from
+    the runtime."""
+    tool = _graph_tool()
+    whole = tool.module_graph(ROOT)
+    found = {pkg: tool.cycles(tool.collapse(whole, pkg, 99)) for pkg in PACKAGES}
+    assert found == {pkg: [] for pkg in PACKAGES}
+    spark = tool.collapse(whole, "spark_jobs", 99)
+    assert "spark_jobs.runtime_driver" in spark["spark_jobs.runtime"]
+    assert "spark_jobs.runtime" not in spark["spark_jobs.runtime_driver"]
+
+
 def test_cycle_finder_sees_lazy_and_type_checking_circles(tmp_path: Path) -> None:
     (tmp_path / "txn" / "p").mkdir(parents=True)
     (tmp_path / "txn" / "__init__.py").write_text("")
