@@ -24,6 +24,7 @@ Both share the ledger, parking (the processor's ``PARK_*`` conventions) and repl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -33,6 +34,7 @@ from txn.bridge import run_blocking
 from txn.delivery.ledger import RecordConfig
 from txn.delivery.output import Output, load_handler
 from txn.delivery.processor import AsyncProcessor, BatchFailed, ProcessorConfig, ProcessorStats
+from txn.delivery.processor.metrics import BacklogProbe, MetricsOptions, ProcessorMetrics, require_prometheus
 from txn.settings import BrokerSettings
 
 from .compat import check_pyspark
@@ -87,7 +89,7 @@ class SparkProcessor(AsyncProcessor):
 
 def _run_distributed(spark: Any, settings: BrokerSettings, fn: Transform, conf: ProcessorConfig,
                      progress: TextIO | None, max_batches: int | None, idle_exit_ms: int | None,
-                     options: dict[str, Any]) -> ProcessorStats:
+                     options: dict[str, Any], metrics: MetricsOptions | None) -> ProcessorStats:
     import signal
     import threading
 
@@ -100,6 +102,8 @@ def _run_distributed(spark: Any, settings: BrokerSettings, fn: Transform, conf: 
         rt.on_commit = lambda b, t, n, counts, ms: print(
             f"[{job}] batch {b} txn {t} committed: rows in={n} out={sum(counts.values())} commit={ms:.0f} ms",
             file=progress, flush=True)
+    if metrics is not None:
+        rt.metrics = _serve_metrics(rt, conf, settings, metrics, progress)
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -109,8 +113,29 @@ def _run_distributed(spark: Any, settings: BrokerSettings, fn: Transform, conf: 
         return rt.run(max_batches=max_batches, idle_exit_ms=idle_exit_ms)
     finally:
         rt.close()
+        if rt.metrics is not None:
+            rt.metrics.close()
         for sig, h in previous.items():
             signal.signal(sig, h)
+
+
+def _serve_metrics(rt: Any, conf: ProcessorConfig, settings: BrokerSettings, options: MetricsOptions,
+                   progress: TextIO | None) -> ProcessorMetrics:
+    """Serve the distributed runtime's Prometheus metrics (``runtime="spark"``); the backlog of the
+    job's subscription comes from ``options.admin_url``, else from the runtime's admin URL."""
+    probe = None
+    admin_url, token, context = options.admin_url, options.admin_token, options.admin_context
+    if admin_url is None and settings.admin_url:
+        kw = settings.admin_kwargs()
+        admin_url, token, context = settings.admin_url, kw.get("token"), kw.get("context")
+    if admin_url:
+        probe = BacklogProbe(admin_url, conf.subscription, list(conf.inputs), token=token, context=context,
+                             ttl_s=options.backlog_ttl_s)
+    m = ProcessorMetrics(conf.job, lambda: rt.stats, lambda: rt.inflight_commits, backlog=probe, runtime="spark")
+    m.serve(options.port, options.host)
+    if progress is not None:
+        print(f"[{conf.job}] metrics at {m.url}", file=progress, flush=True)
+    return m
 
 
 def _unused_handler(message: Message) -> None:  # pragma: no cover - SparkProcessor overrides _transform
@@ -135,6 +160,7 @@ def run_job(
     admin_url: str | None = None,
     runtime_options: dict[str, Any] | None = None,
     settings: BrokerSettings | None = None,
+    metrics: MetricsOptions | None = None,
     **config: Any,
 ) -> ProcessorStats:
     """Run a Spark exactly-once job until stopped (or ``max_batches`` / ``idle_exit_ms``).
@@ -148,13 +174,20 @@ def run_job(
     and TLS, ``poll_timeout_ms``, ``deterministic_order``). ``settings``: the broker connection
     (:class:`txn.settings.BrokerSettings`: token or token file, TLS trust certificates) of every
     client and admin call, the driver's and the executors' (sink and source); ``service_url`` and
-    ``admin_url``, where given, override its URLs.
+    ``admin_url``, where given, override its URLs. ``metrics``: serve Prometheus metrics
+    (:mod:`txn.delivery.processor.metrics`, ``runtime="spark"``) on ``metrics.port`` while running;
+    raises :class:`txn.delivery.processor.metrics.MetricsUnavailable` first without prometheus_client.
 
     Raises :class:`spark_jobs.compat.UnsupportedPySparkError` first when the installed pyspark is
     outside the tested range."""
     check_pyspark()
     if mode not in (DISTRIBUTED, DRIVER):
         raise ValueError(f"mode must be {DISTRIBUTED!r} or {DRIVER!r}, got {mode!r}")
+    if metrics is not None:
+        require_prometheus()
+        metrics = dataclasses.replace(metrics, runtime="spark")
+        if mode == DRIVER:
+            config["metrics"] = metrics
     spec = transform if isinstance(transform, str) else None
     fn = load_handler(transform) if isinstance(transform, str) else transform
     conf = ProcessorConfig(inputs=inputs, output=output, subscription=subscription, job=job,
@@ -163,7 +196,8 @@ def run_job(
     broker = (settings or BrokerSettings()).with_urls(service_url, admin_url)
     broker.require_service_url()
     if mode == DISTRIBUTED:
-        return _run_distributed(spark, broker, fn, conf, progress, max_batches, idle_exit_ms, runtime_options or {})
+        return _run_distributed(spark, broker, fn, conf, progress, max_batches, idle_exit_ms, runtime_options or {},
+                                metrics)
 
     async def main() -> ProcessorStats:
         async with AsyncClient(broker.require_service_url(), **broker.client_kwargs()) as client:

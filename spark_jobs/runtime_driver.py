@@ -128,6 +128,10 @@ class DistributedRuntime:
         self.on_commit: Callable[[str, Any, int, dict[str, int], float], None] | None = None
         #: Test hook: called (in a thread) after a batch's acks and COMMITTED record, before its commit.
         self.before_commit: Callable[[], None] | None = None
+        #: Prometheus metrics (:class:`txn.delivery.processor.metrics.ProcessorMetrics`) fed per commit, if set.
+        self.metrics: Any = None
+        #: Batches committing now (0 or 1: the driver commits one batch at a time).
+        self.inflight_commits = 0
         self._conn: _Pulsar | None = None
         self._ledger: Any = None
         self._parking: dict[str, Any] = {}
@@ -333,11 +337,14 @@ class DistributedRuntime:
             self._abort(t, batch_id, attempt, started, str(exc))
             raise _Failed(str(exc)) from exc
         t1 = time.monotonic()
+        self.inflight_commits = 1
         try:
             conn.run(self._commit(t, ranges, res, batch_id, attempt, started))
         except (PulsarError, TransactionError, OSError, TimeoutError) as exc:
             self._abort(t, batch_id, attempt, started, f"{type(exc).__name__}: {exc}")
             raise _Transient(exc) from exc
+        finally:
+            self.inflight_commits = 0
         commit_ms = (time.monotonic() - t1) * 1000
         for r in ranges:
             self._after[r.name] = res.ends[r.name].to
@@ -346,6 +353,8 @@ class DistributedRuntime:
         self.stats.messages += res.messages
         self.stats.outputs += sum(res.outputs.values())
         self.stats.commit_ms_total += commit_ms
+        if self.metrics is not None:
+            self.metrics.observe_commit((time.monotonic() - t0) * 1000)  # transaction open to commit
         log.info("batch %s committed in %s: %d in, %s out, %.0f ms (Spark %.0f ms)", batch_id, t.id, res.messages,
                  res.outputs, (time.monotonic() - t0) * 1000, (t1 - t0) * 1000)
         if self.on_commit is not None:

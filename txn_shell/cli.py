@@ -221,7 +221,7 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
                         batch_max_delay_ms=args.batch_max_delay_ms, max_batches=args.max_batches,
                         idle_exit_ms=args.exit_when_idle_ms, max_attempts=args.max_attempts,
                         txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=args.progress_interval,
-                        mode=args.mode)
+                        mode=args.mode, metrics=_metrics_options(args))
     finally:
         spark.stop()
     print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.outputs} outputs, "
@@ -365,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--mode", choices=("distributed", "driver"), default="distributed",
                     help="distributed: executors read, transform and write (default); driver: all in the driver "
                     "(faster for batches of a few thousand messages)")
+    sm.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics on this port (0: a free one; needs the metrics extra); default off")
+    sm.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics port binds (default 0.0.0.0)")
+    sm.add_argument("--metrics-admin-url", default=None,
+                    help="admin REST URL to read the subscription's backlog from (default: --admin-url / "
+                         "PULSAR_TXN_ADMIN_URL; none: no backlog metric)")
     sm.set_defaults(func=cmd_spark_submit)
     sd = ssub.add_parser("drop-subscription", help="drop the durable subscription a retired streaming query of the "
                          "pulsar source holds (stop the query first)")
