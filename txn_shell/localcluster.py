@@ -259,8 +259,10 @@ class LocalCluster:
                 "dbStorage_writeCacheMaxSizeMb": "16",
                 "dbStorage_readAheadCacheMaxSizeMb": "16",
                 "dbStorage_rocksDB_blockCacheSize": str(16 * 1024 * 1024),
-                # Only processes are killed here, never the machine: the OS keeps written pages.
-                "journalSyncData": "false",
+                # Acknowledge an entry only once the journal is synced: with write quorum = ack quorum,
+                # one bookie that lost an acknowledged entry (journalSyncData=false and a SIGKILL) is
+                # enough for ledger recovery to truncate it.
+                "journalSyncData": "true",
             }
             lo = loopback_interface()
             if lo:
