@@ -102,6 +102,8 @@ class ChaosResult:
     inputs_missing: int = 0
     #: Lost outputs whose input's message id a COMMITTED ledger record lists (id reused or ack kept).
     lost_inputs_in_ledger: int = 0
+    #: Lost outputs whose input IS on the input topic: lost by the processor (must be 0).
+    lost_with_input_stored: int = 0
     timed_out: bool = False
     seconds: float = 0.0
     duplicated_ids: list[tuple[int, int]] = field(default_factory=list)
@@ -115,7 +117,8 @@ class ChaosResult:
                 f"proc_exits={self.proc_exits} ledger_committed_outputs={self.committed_outputs} "
                 f"ledger_committed_inputs={self.committed_inputs} inputs_committed_twice={self.inputs_committed_twice} "
                 f"guard_skipped={self.guard_skipped} inputs_missing={self.inputs_missing} "
-                f"lost_inputs_in_ledger={self.lost_inputs_in_ledger} timed_out={self.timed_out} "
+                f"lost_inputs_in_ledger={self.lost_inputs_in_ledger} "
+                f"lost_with_input_stored={self.lost_with_input_stored} timed_out={self.timed_out} "
                 f"seconds={self.seconds:.0f}")
 
     @property
@@ -435,6 +438,7 @@ def run_chaos(
     committed_ids = {i for _, i in inputs}
     lost_inputs = {i for i, _ in expected - stored.keys()}
     res.lost_inputs_in_ledger = sum(1 for i in lost_inputs if generator.msg_ids.get(i) in committed_ids)
+    res.lost_with_input_stored = len(lost_inputs & stored_inputs)
     if lost_inputs:
         sample = sorted(lost_inputs)[:10]
         log(f"  lost inputs (id: message id): {[(i, generator.msg_ids.get(i)) for i in sample]}; "
