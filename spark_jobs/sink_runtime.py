@@ -51,7 +51,13 @@ STREAM_MARKER_PREFIX = "pulsar-txn-stream-"
 
 
 class SinkError(RuntimeError):
-    """The sink refuses to write (bad options, deduplication off, ...)."""
+    """The sink refuses to write (bad options, deduplication off, ...).
+
+    ``status`` is the admin API's HTTP status when an admin answer caused it."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class DeduplicationDisabled(SinkError):
@@ -171,12 +177,34 @@ def make_row(value: Any, key: Any, topic: str | None, props: Any, event_time: in
 # ------------------------------------------------------------------------ dedup check
 
 
+#: How long :func:`deduplication_enabled` keeps asking while the topic's owner is unreachable (a
+#: broker that died: the admin API redirects topic requests to it until ownership moves, ~10-20 s).
+DEDUP_CHECK_RETRY_S = 45.0
+
+
 def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0,
-                          settings: BrokerSettings | None = None) -> bool:
+                          settings: BrokerSettings | None = None, retry_s: float = DEDUP_CHECK_RETRY_S) -> bool:
     """Whether broker deduplication applies to ``topic``: topic policy, else namespace, else broker.
 
-    Raises :class:`SinkError` if the admin API cannot tell.
+    Connection failures and 5xx answers are retried with backoff for up to ``retry_s`` seconds
+    (the topic's owner may be a broker that just died); then, or on any other unexpected answer,
+    raises :class:`SinkError`.
     """
+    deadline = time.monotonic() + retry_s
+    delay = 0.5
+    while True:
+        try:
+            return _deduplication_enabled(admin_url, topic, timeout, settings)
+        except SinkError as exc:
+            transient = isinstance(exc.__cause__, OSError) or (exc.status or 0) >= 500
+            if not transient or time.monotonic() + delay > deadline:
+                raise
+            log.warning("deduplication check of %s failed (%s); retrying in %.1fs", topic, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _deduplication_enabled(admin_url: str, topic: str, timeout: float, settings: BrokerSettings | None) -> bool:
     t = parse_topic(topic)
     local = urllib.parse.quote(t.base.rpartition("/")[2], safe="")
     path = f"/admin/v2/{t.domain}/{t.tenant}/{t.namespace}/{local}/deduplicationEnabled?applied=true"
@@ -185,12 +213,12 @@ def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0,
         if status == 200 and isinstance(body, bool):
             return body
         if status not in (404, 200):
-            raise SinkError(f"cannot read the deduplication policy of {topic}: HTTP {status} {body}")
+            raise SinkError(f"cannot read the deduplication policy of {topic}: HTTP {status} {body}", status)
         path = f"/admin/v2/namespaces/{t.tenant}/{t.namespace}/deduplication"
         status, body = admin_request("GET", admin_url, path, timeout=timeout, **_admin_kwargs(settings))
         if status != 200:
             raise SinkError(f"cannot read the deduplication policy of namespace {t.tenant}/{t.namespace}: "
-                            f"HTTP {status} {body}")
+                                f"HTTP {status} {body}", status)
         if isinstance(body, bool):
             return body
         status, body = admin_request("GET", admin_url, "/admin/v2/brokers/configuration/runtime", timeout=timeout,
@@ -200,7 +228,9 @@ def deduplication_enabled(admin_url: str, topic: str, timeout: float = 10.0,
                             f"default is unreadable: HTTP {status} {body}")
         return str(body.get("brokerDeduplicationEnabled", "false")).lower() == "true"
     except OSError as exc:
-        raise SinkError(f"cannot reach the admin API at {admin_url} to check deduplication: {exc}") from exc
+        raise SinkError(f"cannot reach the admin API at {admin_url} (or the broker it redirected to) to check "
+                        f"deduplication: {exc}") from exc
+
 
 
 _dedup_ok: dict[tuple[str, str], float] = {}

@@ -109,9 +109,12 @@ def test_sink_write_while_the_output_owner_is_killed(cluster, spark, dedup_ns, t
         F.concat(F.lit("v"), F.col("id").cast("string")).alias("value"))
     killer = _Killer(cluster, tmp_path, victim)
     killer.start()
-    try:  # no admin_url: a task's deduplication check (a topic policy) is redirected to the dead owner
+    # With admin_url the tasks check deduplication: until ownership moves, the admin API redirects the
+    # topic-level request to the dead owner, and the check retries (bounded) instead of failing the write.
+    admin = cluster.admin_url_of(next(i for i in range(len(cluster.brokers)) if i != victim))
+    try:
         df.write.format("pulsar-txn").mode("append").options(
-            service_url=cluster.service_url, topic=topic, job="sink-fo", batch_max_rows="10").save()
+            service_url=cluster.service_url, admin_url=admin, topic=topic, job="sink-fo", batch_max_rows="10").save()
         killer.join(60)
         assert killer.error is None and killer.killed == victim, killer.error
         off = pulsar.Client(cluster.service_url, operation_timeout_seconds=120, logger=_OFFICIAL_LOG)
