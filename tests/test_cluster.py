@@ -362,7 +362,7 @@ def test_chaos_on_cluster(cluster, tmp_path):
     print(f"\nnodes SIGKILLed: {kills.killed}\n{res.summary()}")
     assert (res.kills, res.broker_kills, res.zombies) == (8, 4, 1)
     assert kills.killed == ["broker-1", "bookie-2", "broker-2", "broker-0"]
-    assert res.sent > 0 and res.send_failed == 0 and not res.timed_out, res.summary()
+    assert res.sent > 0 and res.send_failed == 0, res.summary()
     # The processor's side, always: every input the input topic holds is processed exactly once.
     assert (res.duplicated, res.unexpected, res.lost_with_input_stored) == (0, 0, 0), res.summary()
     assert res.inputs_committed_twice == 0 and res.lost_inputs_in_ledger == 0, res.summary()
@@ -375,4 +375,5 @@ def test_chaos_on_cluster(cluster, tmp_path):
         assert res.lost > 0 and res.committed_inputs == res.sent - res.inputs_missing, res.summary()
         pytest.xfail(f"the broker lost {res.inputs_missing} confirmed input publishes (Pulsar 4.0.8, broker "
                      f"SIGKILL, deduplication on); the processor handled every stored input once: {res.summary()}")
+    assert not res.timed_out, res.summary()  # (with inputs missing, the harness waits for them until its limit)
     assert (res.lost, res.distinct, res.committed_inputs) == (0, res.expected, res.sent), res.summary()
