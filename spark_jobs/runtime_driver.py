@@ -484,11 +484,7 @@ class DistributedRuntime:
             await asyncio.gather(*sends, *parked_sends)
             await t.commit()
         except BaseException:
-            if t.state.value == "OPEN":
-                try:
-                    await t.abort()
-                except PulsarError:
-                    pass
+            await t.abort_if_open()
             raise
 
     async def _producer(self, topic: str) -> Any:
@@ -543,11 +539,7 @@ class DistributedRuntime:
             await asyncio.gather(*sends, receipt)
             await t.commit()
         except BaseException:
-            if t.state.value == "OPEN":
-                try:
-                    await t.abort()
-                except PulsarError:
-                    pass
+            await t.abort_if_open()
             raise
 
 

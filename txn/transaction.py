@@ -193,6 +193,16 @@ class AsyncTransaction:
             raise
         self.state = TxnState.COMMITTED
 
+    async def abort_if_open(self) -> None:
+        """Abort if still OPEN (cleanup after a failure); a failed abort is left to the broker's
+        timeout, which aborts it anyway. Never raises a :class:`PulsarError`."""
+        if self.state is not TxnState.OPEN:
+            return
+        try:
+            await self.abort()
+        except PulsarError as exc:
+            log.debug("abort of %s failed (%s); the broker's timeout aborts it", self.id, exc)
+
     async def abort(self) -> None:
         """Abort: nothing produced in it becomes visible, and its acks are undone."""
         if self.state is TxnState.OPEN and self.expired:

@@ -30,7 +30,7 @@ from typing import Any
 from ..bridge import run_blocking
 from ..client import AsyncClient
 from ..consumer import ConsumerType, InitialPosition
-from ..errors import PulsarError, Timeout
+from ..errors import Timeout
 from ..message import Message, MessageId
 from ..topic import parse_topic
 from .ledger import Kind, LedgerRecord, RecordConfig, now_ms
@@ -206,11 +206,7 @@ async def replay_batch(
             await t.commit()
             await ledger.close()
         except BaseException:
-            if t.state.value == "OPEN":
-                try:
-                    await t.abort()
-                except PulsarError:
-                    pass
+            await t.abort_if_open()
             raise
         finally:
             for p in producers.values():

@@ -19,7 +19,7 @@ from ...transaction import AsyncTransaction
 from ..ledger import Kind, LedgerRecord, now_ms
 from ..ledger_guard import LedgerGuard
 from .config import ProcessorConfig, ProcessorStats
-from .failures import BatchFailed, _discard_txn, _err
+from .failures import BatchFailed, _err
 
 log = logging.getLogger("txn.processor")
 
@@ -90,11 +90,7 @@ class Parking:
                 return
             except (PulsarError, TransactionError) as exc:
                 log.warning("parking %s failed (%s); the broker redelivers it", m.message_id(), exc)
-                if t.state.value == "OPEN":
-                    try:
-                        await t.abort()
-                    except PulsarError:
-                        pass
+                await t.abort_if_open()
                 return
 
     async def _park_corrupt(self, exc: CorruptMessage) -> None:
@@ -131,8 +127,8 @@ class Parking:
             await t.commit()
         except (PulsarError, TransactionError, ValueError) as err:
             log.warning("parking unreadable input %s failed (%s); it stays unacknowledged", mid, err)
-            if t is not None and t.state.value == "OPEN":
-                await _discard_txn(t)
+            if t is not None:
+                await t.abort_if_open()
             return
         if self.guard is not None:
             self.guard.committed.add(topic, mid.ledger_id, mid.entry_id, -1)
