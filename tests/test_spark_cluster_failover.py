@@ -136,7 +136,10 @@ def test_runtime_batch_while_the_input_owner_is_killed(cluster, spark, dedup_ns,
     admin = cluster.admin_url_of(next(i for i in range(len(cluster.brokers)) if i != victim))
     off = pulsar.Client(cluster.service_url, operation_timeout_seconds=120, logger=_OFFICIAL_LOG)
     try:
-        p = off.create_producer(inp, batching_enabled=False)
+        # initial_sequence_id=1: deduplication is on and the cluster's load manager may move the
+        # bundle; the official client would reuse sequence ids after a reconnect before its first
+        # receipt (tests/test_sequence_ids.py). Safe here: a fresh producer name the broker does not know.
+        p = off.create_producer(inp, batching_enabled=False, initial_sequence_id=1)
         for i in range(150):
             p.send(f"v{i}".encode())
         p.close()
