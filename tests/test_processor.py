@@ -184,7 +184,10 @@ def test_ledger_record_round_trip():
 
 
 def test_a_batch_never_holds_one_message_twice(broker, official, unique_name):
-    """Redelivered copies of messages still queued must not enter the same transaction twice."""
+    """Redelivered copies of messages still queued must not enter the same transaction twice.
+
+    (A Shared subscription with fencing off: only there does the broker resend chosen messages
+    while their first copies are still queued.)"""
     inp, out, ledger = _names(unique_name)
     _fill(official, inp, [f"d{i}".encode() for i in range(5)])
     reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)
@@ -192,7 +195,8 @@ def test_a_batch_never_holds_one_message_twice(broker, official, unique_name):
     async def main():
         async with txn.AsyncClient(broker.service_url) as client:
             conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", ledger_topic=ledger,
-                                   batch_max_messages=50, batch_max_delay_ms=1500)
+                                   batch_max_messages=50, batch_max_delay_ms=1500,
+                                   consumer_type=txn.ConsumerType.Shared, fencing=False)
             proc = AsyncProcessor(client, lambda m: m.data(), conf)
             await proc.start()
             deadline = asyncio.get_running_loop().time() + 20

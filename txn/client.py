@@ -58,6 +58,7 @@ class AsyncClient:
                             ("max_uncompressed_message_size", max_uncompressed_message_size)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive")
+        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "name", "value")}
         self._pool = ConnectionPool(
             service_url,
             auth=authentication,
@@ -96,6 +97,14 @@ class AsyncClient:
         Also the hook for objects built on the client: ``context.register(obj)`` makes
         :meth:`close` close ``obj`` (its ``close()`` coroutine), ``context.forget(obj)`` undoes it."""
         return self._ctx
+
+    def sibling(self) -> AsyncClient:
+        """A new client with this one's settings and connections of its own (close it yourself).
+
+        For producers whose failures must not touch this client's connections: the broker closes
+        a whole connection when a message arrives for a producer it has just fenced out."""
+        self._check()
+        return AsyncClient(**self._init_args)
 
     @property
     def transaction_coordinator(self) -> CoordinatorClient:

@@ -288,6 +288,14 @@ class CoordinatorNotFound(TransactionError):
     retriable = True
 
 
+class OwnershipLost(PulsarError):
+    """Another instance of the job took over an input partition (it fenced this one out).
+
+    Raised by the exactly-once processor and the Spark runtime when a batch touches a partition
+    whose fence another owner holds: the batch is abandoned (nothing of it commits) and its inputs
+    are left to the new owner. ``topic`` names the input partition."""
+
+
 class NotAllowed(PulsarError):
     """The broker does not allow the operation."""
 

@@ -12,11 +12,11 @@ from typing import Any
 from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
 from ..context import ClientContext
-from ..errors import AlreadyClosed, ConnectError, PulsarError, Timeout, from_server_error
+from ..errors import AlreadyClosed, ConnectError, ProducerFenced, PulsarError, Timeout, from_server_error
 from ..message import MessageId
 from ..protocol import pb
 from .accumulator import _Batch, _Op
-from .config import _NO_TXN, ProducerConfig, _kv
+from .config import _NO_TXN, ProducerAccessMode, ProducerConfig, _kv
 
 log = logging.getLogger("txn.producer")
 T = pb.BaseCommand
@@ -82,7 +82,7 @@ class Sender:
             "epoch": self._epoch,
             "metadata": _kv(self.conf.properties),
             "txn_enabled": True,
-            "producer_access_mode": int(self.conf.access_mode),
+            "producer_access_mode": int(self._access_mode()),
         }
         if self._topic_epoch is not None:
             fields["topic_epoch"] = self._topic_epoch
@@ -117,6 +117,20 @@ class Sender:
             conn.write(op.frame)
         self.ready = True
         self._epoch += 1
+
+    def _access_mode(self) -> ProducerAccessMode:
+        """The mode to ask for: a producer that took a topic ``ExclusiveWithFencing`` asks for plain
+        ``Exclusive`` (with its topic epoch) when it re-creates itself after a lost connection.
+
+        The broker handles ``ExclusiveWithFencing`` by closing every producer on the topic *before*
+        it checks the epoch, so a fenced-out producer reconnecting in that mode would knock out the
+        producer that fenced it (and then be refused itself). In ``Exclusive`` mode with an epoch
+        older than the topic's it is only refused, with ``ProducerFenced``.
+        """
+        mode = self.conf.access_mode
+        if mode == ProducerAccessMode.ExclusiveWithFencing and self._topic_epoch is not None:
+            return ProducerAccessMode.Exclusive
+        return mode
 
     def on_connection_closed(self, conn: Connection, exc: BaseException) -> None:
         if self.conn is conn:
@@ -155,7 +169,10 @@ class Sender:
                 ):
                     log.debug("producer reconnect to %s failed: %s", self.topic, exc)
                     continue
-                log.error("producer on %s cannot reconnect: %s", self.topic, exc)
+                if isinstance(exc, ProducerFenced):
+                    log.warning("producer on %s was fenced out by a newer exclusive producer: %s", self.topic, exc)
+                else:
+                    log.error("producer on %s cannot reconnect: %s", self.topic, exc)
                 self._fail_all(exc)
                 self._fatal = exc
                 return
@@ -192,7 +209,13 @@ class Sender:
 
     def on_send_error(self, e: pb.CommandSendError) -> None:
         name = pb.ServerError.Name(e.error)
-        op = next((o for o in self._pending if o.seq == e.sequence_id), None)
+        op = next((o for o in self._pending if o.seq <= e.sequence_id <= max(o.seq, o.highest)), None)
+        if op is None and name != "ChecksumError":
+            # An error for a send already resolved (e.g. a second answer for a frame re-sent after a
+            # reconnect): closing the connection would only re-send the rest into the same answer.
+            log.debug("send error %s for sequence id %d, which is not pending on %s: %s", name, e.sequence_id,
+                      self.topic, e.message)
+            return
         if name == "ChecksumError" or op is None:
             if self.conn is not None:
                 self.conn.close(ConnectError(f"send error {name}: {e.message}", topic=self.topic))

@@ -15,13 +15,14 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ...client import AsyncClient
-from ...consumer import AsyncConsumer
+from ...consumer import AsyncConsumer, ConsumerType
 from ...errors import CorruptMessage
 from ...message import Message
 from ...producer import AsyncProducer
 from ...topic import parse_topic
 from ...transaction import AsyncTransaction
 from ..batching import EntryBoundaries
+from ..fencing import PartitionFences
 from ..ledger import default_ledger_topic, ensure_ledger_retained
 from ..ledger_guard import LedgerGuard
 from ..output import handler_spec, is_async
@@ -50,6 +51,10 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             raise ValueError("batch_max_messages and batch_max_delay_ms must be positive")
         if config.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if config.fencing and config.consumer_type not in (ConsumerType.Failover, ConsumerType.Exclusive):
+            raise ValueError(
+                f"consumer_type {config.consumer_type.name} hands one input partition to several instances; "
+                "exactly-once needs one owner per partition: use Failover (the default) or Exclusive")
         self.client = client
         self.handler = handler
         self.config = config
@@ -74,6 +79,11 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
         self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
         self.guard: LedgerGuard | None = None
+        #: The input partitions this instance owns (``config.fencing``), set up in :meth:`start`.
+        self.fences: PartitionFences | None = None
+        #: Consumers whose unacknowledged inputs the loop hands back before the next batch (after a
+        #: batch failed, or a partition changed hands): the broker redelivers them to their owner.
+        self._handback: set[Any] = set()
         self._corrupt: list[CorruptMessage] = []  # unreadable inputs, parked after the batch is collected
         self._guard_synced = -1  # the consumer's subscriptions_made when the guard last caught up
         #: Called after each commit with (batch id, txn id, inputs, outputs per topic, commit ms).
@@ -105,8 +115,15 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             consumer_type=c.consumer_type,
             initial_position=c.initial_position,
             receiver_queue_size=c.receiver_queue_size,
+            # Failover gives each partition to the first of the sorted consumer names; one name
+            # per instance keeps an instance's share stable while others come and go.
+            consumer_name=f"{c.job}-{self.instance}",
         )
         await ensure_ledger_retained(self.client, self.ledger_topic)
+        if c.fencing:
+            self.fences = PartitionFences(
+                self.client, self.ledger_topic, c.subscription, f"{c.job}-{self.instance}", c.txn_timeout_ms,
+                claim_timeout_s=c.claim_timeout_ms / 1000 if c.claim_timeout_ms else None)
         if c.ledger_guard:
             self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_ids)
             await self.guard.start()
@@ -141,6 +158,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             await p.close()
         if self._consumer is not None:
             await self._consumer.close()
+        if self.fences is not None:
+            await self.fences.close()
         if self.guard is not None:
             await self.guard.close()
         if self.metrics is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 from ...client import AsyncClient
@@ -38,6 +39,8 @@ class BatchLoop:
     _next_txn: asyncio.Task[AsyncTransaction] | None
     _entries: EntryBoundaries | None
     _corrupt: list[CorruptMessage]
+    _handback: set[Any]
+    _redeliver_handed_back: Callable[[], Awaitable[None]]  # CommitPipeline's
 
     def stop(self) -> None:
         """Ask the run loop to finish the batch in flight and return."""
@@ -57,6 +60,8 @@ class BatchLoop:
             while not self._stopping.is_set():
                 if self.fatal is not None:
                     raise self.fatal
+                if self._handback:
+                    await self._redeliver_handed_back()
                 batch = await self._collect()
                 while self._corrupt:
                     await self._park_corrupt(self._corrupt.pop(0))

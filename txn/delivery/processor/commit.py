@@ -26,16 +26,17 @@ from typing import Any
 from ...backoff import Backoff
 from ...client import AsyncClient
 from ...consumer import AsyncConsumer
-from ...errors import PulsarError, TransactionError
+from ...errors import OwnershipLost, PulsarError, TransactionError
 from ...message import Message
 from ...producer import AsyncProducer
 from ...transaction import AsyncTransaction
 from ..batch_ids import narrowed_batch_id
+from ..fencing import PartitionFences
 from ..ledger import Kind, LedgerRecord, now_ms
 from ..ledger_guard import LedgerGuard
 from ..output import Output, normalise
 from .config import ProcessorConfig, ProcessorStats
-from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _err, _Transient
+from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _Dropped, _err, _settle, _Transient
 from .metrics import ProcessorMetrics
 from .records import _ids
 
@@ -63,6 +64,8 @@ class CommitPipeline:
     _async_handler: bool
     _next_txn: asyncio.Task[AsyncTransaction] | None
     _guard_synced: int
+    fences: PartitionFences | None
+    _handback: set[Any]
 
     async def _take_txn(self) -> AsyncTransaction:
         """The pre-opened transaction if it is still fresh, else a new one."""
@@ -91,6 +94,11 @@ class CommitPipeline:
             attempt += 1
             try:
                 await self._attempt(msgs, batch_id, attempt)
+                return
+            except _Dropped as dropped:
+                # A partition changed hands: nothing of the batch committed, and its inputs go back
+                # to the broker, which delivers them to their owner (this instance after a takeover).
+                log.info("batch %s dropped: %s", batch_id, dropped)
                 return
             except _Transient as exc:
                 # Not the batch's fault (broker restart, lost connection, coordinator busy):
@@ -142,9 +150,41 @@ class CommitPipeline:
         self._guard_synced = made
         return True
 
+    async def _take_over(self, partitions: list[str], msgs: list[Message]) -> None:
+        """Acquire the fences of ``partitions`` (fencing their previous owners and waiting until
+        their open transactions are resolved), then drop the batch: its inputs are handed back and
+        come again, after the guard has synced (a previous owner may have committed some)."""
+        assert self.fences is not None
+        for part in partitions:
+            try:
+                await self.fences.acquire(part)
+            except PulsarError as exc:
+                raise _Transient(exc) from exc
+            self.stats.takeovers += 1
+        self.hand_back(msgs)
+        raise _Dropped(f"took over {', '.join(partitions)}; its inputs come again")
+
+    def hand_back(self, msgs: list[Message]) -> None:
+        """Have the loop hand ``msgs``' consumers' unacknowledged inputs back to the broker before the
+        next batch (after a failure: a consumer that stays connected is sent nothing again otherwise)."""
+        self._handback.update(m.consumer for m in msgs if m.consumer is not None)
+
+    def _lost(self, exc: OwnershipLost, msgs: list[Message]) -> None:
+        assert self.fences is not None
+        self.stats.partitions_lost += 1
+        if exc.topic:
+            self.fences.release(exc.topic)
+        log.warning("%s: the batch is abandoned and its inputs left to the new owner", exc)
+        self.hand_back(msgs)
+
     async def _attempt(self, msgs: list[Message], batch_id: str, attempt: int) -> None:
         c = self.config
         started = now_ms()
+        partitions = {m.topic_name() for m in msgs}
+        if self.fences is not None:
+            missing = self.fences.missing(partitions)
+            if missing:
+                await self._take_over(missing, msgs)
         wrote_started = await self._sync_guard(msgs, batch_id, attempt, started)
         fresh, dups = self.guard.split(msgs) if self.guard is not None else (msgs, [])
         if dups:
@@ -163,16 +203,21 @@ class CommitPipeline:
             # Register what the batch will surely touch in two requests, while it is transformed.
             assert self._consumer is not None and self._ledger is not None
             parts = self._ledger.partition_topics() + self._producers[self.output].partition_topics()
-            subs = [(tp, c.subscription) for tp in {m.topic_name() for m in msgs}]
+            if self.fences is not None:
+                parts += self.fences.fence_topics(partitions)
+            subs = [(tp, c.subscription) for tp in partitions]
             registering = asyncio.ensure_future(t.register_many(parts, subs))
+            # The proof of ownership goes in before any acknowledgement (those are sent by _finish).
+            marking = asyncio.ensure_future(self.fences.mark(t, partitions)) if self.fences is not None else None
             try:
                 outputs = await self._transform(fresh) if fresh else []
             finally:
-                try:
-                    await registering
-                except PulsarError as exc:
-                    raise _Transient(exc) from exc
+                await _settle(registering, marking)
             counts = await self._produce(outputs, t)
+        except OwnershipLost as lost:
+            await self._abort(t, batch_id, attempt, inputs, started, lost)
+            self._lost(lost, msgs)
+            raise _Dropped(str(lost)) from lost
         except BatchFailed as failure:
             await self._abort(t, batch_id, attempt, inputs, started, failure)
             raise
@@ -282,9 +327,10 @@ class CommitPipeline:
                 await c.ordering.committed(msgs)
         except (PulsarError, TransactionError) as exc:
             self.stats.aborts += 1
-            log.warning("batch %s (txn %s) did not commit: %s; the broker redelivers its inputs",
+            log.warning("batch %s (txn %s) did not commit: %s; its inputs are handed back for redelivery",
                         batch_id, t.id, exc)
             await self._abort(t, batch_id, attempt, inputs, started, exc)
+            self.hand_back(msgs)
             if c.ordering is not None and t.state.value == "ABORTED":
                 await c.ordering.aborted(msgs, t.id)
         except BaseException as exc:  # a bug: stop the processor rather than lose track
@@ -311,6 +357,20 @@ class CommitPipeline:
             LedgerRecord(kind=Kind.ABORTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
                          inputs=inputs, started_at_ms=started, ended_at_ms=now_ms(), error=_err(error))
         )
+
+    async def _redeliver_handed_back(self) -> None:
+        """Hand the inputs of failed batches back to the broker, once no commit is in flight.
+
+        A Failover consumer's redelivery rewinds its partition to the first unacknowledged input,
+        so commits in flight end first; the guard then syncs before the next batch, in case an
+        input handed back had committed after all."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        consumers, self._handback = self._handback, set()
+        for consumer in consumers:
+            consumer.redeliver_after_abort([], True)
+        self.stats.redeliveries += 1
+        self._guard_synced = -1
 
     def _generation(self) -> int:
         ps = list(self._producers.values()) + ([self._ledger] if self._ledger else [])

@@ -24,7 +24,10 @@ class ProcessorConfig:
     max_attempts: int = 3
     txn_timeout_ms: int = 60000
     max_inflight_commits: int = 2
-    consumer_type: ConsumerType = ConsumerType.Shared
+    #: Failover (the default) or Exclusive: one instance consumes each input partition at a time.
+    #: Shared and Key_Shared hand one partition to several instances and are refused while
+    #: ``fencing`` is on (see ``txn.delivery.fencing``).
+    consumer_type: ConsumerType = ConsumerType.Failover
     initial_position: InitialPosition = InitialPosition.Earliest
     ledger_topic: str | None = None
     parking_suffix: str = "-parked"
@@ -42,6 +45,14 @@ class ProcessorConfig:
     #: Close batches at batch-entry boundaries: a batch never splits a producer's batch entry across
     #: two transactions (it may exceed ``batch_max_messages`` by up to one entry; see ``batching``).
     batch_entry_boundaries: bool = False
+    #: One owner per input partition: every batch's transaction carries a fence marker of each
+    #: partition it acknowledges, and an instance that takes a partition over fences the previous
+    #: owner out first (``txn.delivery.fencing``). Off only for a single instance that is never
+    #: run twice; then a paused or stale instance beside its replacement can commit inputs twice.
+    fencing: bool = True
+    #: Bound on taking a partition over (waiting for the previous owner's open transactions to be
+    #: resolved); default 2 x the transaction timeout + 60 s.
+    claim_timeout_ms: int | None = None
     #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
     ordering: OrderingGuard | None = None
     #: Serve Prometheus metrics while running (see ``metrics``); None: off.
@@ -60,6 +71,11 @@ class ProcessorStats:
     parked: int = 0
     #: Inputs the ledger already showed committed: acknowledged again, nothing produced.
     duplicates_skipped: int = 0
+    #: Input partitions taken over (fences acquired) and lost to another instance.
+    takeovers: int = 0
+    partitions_lost: int = 0
+    #: Times the inputs of failed batches were handed back for redelivery.
+    redeliveries: int = 0
     commit_ms_total: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
@@ -69,6 +85,7 @@ class ProcessorStats:
         return (
             f"[{job}] batches={self.batches} messages={self.messages} outputs={self.outputs} "
             f"txn/s={self.batches / el:.1f} msg/s={self.messages / el:.0f} aborts={self.aborts} "
-            f"parked={self.parked} duplicates_skipped={self.duplicates_skipped} inflight={inflight} "
+            f"parked={self.parked} duplicates_skipped={self.duplicates_skipped} takeovers={self.takeovers} "
+            f"partitions_lost={self.partitions_lost} redeliveries={self.redeliveries} inflight={inflight} "
             f"avg_commit_ms={avg:.1f}"
         )

@@ -9,8 +9,9 @@ before anything was acknowledged: the same batch is tried again later, without c
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from ...errors import InvalidTopicName, MessageTooBig, NotAllowed, PulsarError, TopicNotFound
+from ...errors import InvalidTopicName, MessageTooBig, NotAllowed, OwnershipLost, PulsarError, TopicNotFound
 from ...message import Message
 from ...transaction import AsyncTransaction
 
@@ -23,6 +24,11 @@ class _Transient(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+class _Dropped(Exception):
+    """The batch was abandoned because a partition changed hands (taken over, or lost); its inputs
+    were handed back. Not a failure of the batch: nothing is counted and nothing is parked."""
 
 
 class BatchFailed(Exception):
@@ -40,6 +46,24 @@ async def _discard_txn(t: AsyncTransaction) -> None:
         await t.abort()
     except PulsarError:
         pass  # the broker's timeout aborts it
+
+
+async def _settle(*futs: asyncio.Future[Any] | None) -> None:
+    """Wait for every one of ``futs``; then raise the first failure: :class:`~txn.OwnershipLost` as
+    it is, another broker error as :class:`_Transient` (nothing was acknowledged yet)."""
+    errors: list[BaseException] = []
+    for f in futs:
+        if f is None:
+            continue
+        try:
+            await f
+        except PulsarError as exc:
+            errors.append(exc)
+    for exc in errors:
+        if isinstance(exc, OwnershipLost):
+            raise exc
+    if errors:
+        raise _Transient(errors[0]) from errors[0]
 
 
 async def _discard(task: asyncio.Task[AsyncTransaction]) -> None:

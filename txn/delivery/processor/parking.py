@@ -8,14 +8,17 @@ its properties (``PARK_*``), and writes a PARKED record. A replay reads those pr
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from ...client import AsyncClient
 from ...consumer import AsyncConsumer
-from ...errors import CorruptMessage, PulsarError, TransactionError
+from ...errors import CorruptMessage, OwnershipLost, PulsarError, TransactionError
 from ...message import Message
 from ...producer import AsyncProducer
 from ...topic import parse_topic
 from ...transaction import AsyncTransaction
+from ..fencing import PartitionFences
 from ..ledger import Kind, LedgerRecord, now_ms
 from ..ledger_guard import LedgerGuard
 from .config import ProcessorConfig, ProcessorStats
@@ -45,6 +48,10 @@ class Parking:
     guard: LedgerGuard | None
     _consumer: AsyncConsumer | None
     _ledger: AsyncProducer | None
+    fences: PartitionFences | None
+    _handback: set[Any]
+
+    hand_back: Callable[[list[Message]], None]  # CommitPipeline's
 
     async def park_message(self, m: Message, why: BaseException, batch_id: str) -> None:
         """Park ``m`` for a reason found outside a batch attempt (e.g. the ordering guard's), under ``batch_id``."""
@@ -69,6 +76,7 @@ class Parking:
         while True:
             t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
             try:
+                await self._mark(t, [m.topic_name()])
                 p = await self._producer(parked_topic)
                 # Keep the event time: a replay hands the transform the message as it first saw it.
                 await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
@@ -89,9 +97,30 @@ class Parking:
                             failure)
                 return
             except (PulsarError, TransactionError) as exc:
-                log.warning("parking %s failed (%s); the broker redelivers it", m.message_id(), exc)
+                log.warning("parking %s failed (%s); it is handed back for redelivery", m.message_id(), exc)
                 await t.abort_if_open()
+                self._park_failed(exc, m)
                 return
+
+    async def _mark(self, t: AsyncTransaction, partitions: list[str], take_over: bool = False) -> None:
+        """The fence markers of ``partitions`` in ``t``. A partition not held raises
+        :class:`~txn.OwnershipLost`, unless ``take_over`` (an input that was just delivered to us):
+        then it is taken over first, and its other inputs are handed back to come again."""
+        if self.fences is None:
+            return
+        if take_over:
+            for part in self.fences.missing(partitions):
+                await self.fences.acquire(part)
+                self.stats.takeovers += 1
+                assert self._consumer is not None
+                self._handback.update(tc for tc in self._consumer.topic_consumers if tc.topic == part)
+        await self.fences.mark(t, partitions)
+
+    def _park_failed(self, exc: BaseException, m: Message) -> None:
+        if isinstance(exc, OwnershipLost) and self.fences is not None and exc.topic:
+            self.fences.release(exc.topic)
+            self.stats.partitions_lost += 1
+        self.hand_back([m])
 
     async def _park_corrupt(self, exc: CorruptMessage) -> None:
         """Park an input that cannot be read (bad checksum, sizes that lie), never stopping on it.
@@ -112,6 +141,7 @@ class Parking:
         t: AsyncTransaction | None = None
         try:
             t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            await self._mark(t, [topic], take_over=True)
             p = await self._producer(parked_topic)
             sent = await p.send_async(b"", properties=props, txn=t)
             await self._consumer.acknowledge(mid, t)
@@ -129,6 +159,9 @@ class Parking:
             log.warning("parking unreadable input %s failed (%s); it stays unacknowledged", mid, err)
             if t is not None:
                 await t.abort_if_open()
+            if isinstance(err, OwnershipLost) and self.fences is not None and err.topic:
+                self.fences.release(err.topic)
+                self.stats.partitions_lost += 1
             return
         if self.guard is not None:
             self.guard.committed.add(topic, mid.ledger_id, mid.entry_id, -1)
