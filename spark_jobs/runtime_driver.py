@@ -27,6 +27,13 @@ producer is parked whole: the messages that share the poison message's entry are
 (a replay brings them back). A failure on the broker's side (opening, acknowledging,
 committing) aborts and re-plans from the subscription, without counting as an attempt.
 
+One driver per job. The driver holds the subscription with an Exclusive consumer per partition
+and, with ``fencing`` (the default), each partition's fence (:mod:`txn.delivery.fencing`): at
+start it fences any earlier driver out and waits until that driver's open transactions are
+resolved (aborting them); every batch's transaction carries the fence markers before its
+acknowledgements. A stalled driver that resumes next to its replacement cannot commit: its marker
+is refused, the batch aborts and the driver stops with :class:`~txn.OwnershipLost`.
+
 Crash safety. The outputs, the acknowledgements and the ``COMMITTED`` record commit together or
 not at all; a driver killed at any point leaves an open transaction (aborted at its timeout) or a
 committed batch, and the next driver plans from the subscription's cursor. A second driver
@@ -51,6 +58,7 @@ from typing import Any, TextIO
 import txn
 from txn.backoff import Backoff
 from txn.delivery.batch_ids import narrowed_batch_id, processor_batch_id
+from txn.delivery.fencing import PartitionFences
 from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, ensure_ledger_retained, now_ms
 from txn.delivery.ledger_reader import read_records
 from txn.delivery.processor import (
@@ -64,7 +72,7 @@ from txn.delivery.processor import (
     ProcessorConfig,
     ProcessorStats,
 )
-from txn.errors import PulsarError, TransactionError
+from txn.errors import OwnershipLost, PulsarError, TransactionError
 from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
@@ -139,6 +147,8 @@ class DistributedRuntime:
         self._after: dict[str, Entry] = {}
         self._stopping = False
         self.exact_retries = False
+        #: The input partitions' fences (``config.fencing``), taken in :meth:`start`.
+        self.fences: PartitionFences | None = None
 
     # -------------------------------------------------------------------------- lifecycle
 
@@ -149,6 +159,13 @@ class DistributedRuntime:
         self._tps = {tp.name: tp for tp in conn.resolve()}
         conn.hold(c.subscription, sorted(self._tps))
         self._ledger = conn.run(self._open_ledger())
+        if c.fencing:
+            # Fence any earlier driver out of every partition, and wait until the transactions it
+            # left open are resolved, before reading where the subscription stands.
+            self.fences = PartitionFences(conn.client, self.ledger_topic, c.subscription,
+                                          f"{c.job}-{self.instance}", c.txn_timeout_ms)
+            for name in sorted(self._tps):
+                conn.run(self.fences.acquire(name))
         if self.admin_url:
             self.exact_retries = deduplication_enabled(self.admin_url, self.output, settings=self.settings)
         for name, (mark, _) in self._positions().items():
@@ -211,7 +228,14 @@ class DistributedRuntime:
     def close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
+            if self.fences is not None:
+                conn.run(self.fences.close())
             conn.close()
+
+    async def _mark(self, t: Any, names: list[str]) -> None:
+        """The fence markers of ``names`` in ``t``, before any acknowledgement in it."""
+        if self.fences is not None:
+            await self.fences.mark(t, names)
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -340,6 +364,11 @@ class DistributedRuntime:
         self.inflight_commits = 1
         try:
             conn.run(self._commit(t, ranges, res, batch_id, attempt, started))
+        except OwnershipLost as exc:
+            # Another driver of this job took the inputs over: this one is a zombie; stop.
+            self._abort(t, batch_id, attempt, started, f"{type(exc).__name__}: {exc}")
+            self._stopping = True
+            raise
         except (PulsarError, TransactionError, OSError, TimeoutError) as exc:
             self._abort(t, batch_id, attempt, started, f"{type(exc).__name__}: {exc}")
             raise _Transient(exc) from exc
@@ -365,6 +394,7 @@ class DistributedRuntime:
         """Acknowledge the ranges, write COMMITTED, commit: all in ``t``."""
         assert self._conn is not None
         held = self._conn.held
+        await self._mark(t, [r.name for r in ranges])
         await asyncio.gather(*(held[r.name].acknowledge_cumulative(
             txn.MessageId(*res.ends[r.name].to), t) for r in ranges))
         rec = LedgerRecord(kind=Kind.COMMITTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id),
@@ -465,6 +495,7 @@ class DistributedRuntime:
                     o.content, properties=o.properties, partition_key=o.partition_key, txn=t))
                 counts[topic] = counts.get(topic, 0) + 1
             parked_topic, parked_sends = await self._send_parked(r, bad, c.max_attempts, root, t)
+            await self._mark(t, [r.name])
             await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
             recs = [LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=c.max_attempts,
                                  inputs={r.name: [str(m.message_id()) for m, _ in bad]},
@@ -528,6 +559,7 @@ class DistributedRuntime:
         t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
         try:
             parked_topic, sends = await self._send_parked(r, [(m, error) for m in msgs], attempts, root, t)
+            await self._mark(t, [r.name])
             await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
             rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=attempts,
                                inputs={r.name: [str(m.message_id()) for m in msgs]},

@@ -45,6 +45,10 @@ class EntryBoundaries:
         m, self._held = self._held, None
         return m if m is not None and self._held_at == subscriptions_made else None
 
+    def drop(self) -> None:
+        """Forget the held message (its consumer's inputs were handed back: it comes again)."""
+        self._held = None
+
     def complete(self, batch: list[Message], seen: set[tuple[str, Any]],
                  receive_nowait: Callable[[], Message | None], subscriptions_made: int) -> None:
         """Extend a closed ``batch`` with the queued rest of its last entry; hold the first message

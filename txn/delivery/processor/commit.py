@@ -31,6 +31,7 @@ from ...message import Message
 from ...producer import AsyncProducer
 from ...transaction import AsyncTransaction
 from ..batch_ids import narrowed_batch_id
+from ..batching import EntryBoundaries
 from ..fencing import PartitionFences
 from ..ledger import Kind, LedgerRecord, now_ms
 from ..ledger_guard import LedgerGuard
@@ -66,6 +67,7 @@ class CommitPipeline:
     _guard_synced: int
     fences: PartitionFences | None
     _handback: set[Any]
+    _entries: EntryBoundaries | None
 
     async def _take_txn(self) -> AsyncTransaction:
         """The pre-opened transaction if it is still fresh, else a new one."""
@@ -369,6 +371,8 @@ class CommitPipeline:
         consumers, self._handback = self._handback, set()
         for consumer in consumers:
             consumer.redeliver_after_abort([], True)
+        if self._entries is not None:
+            self._entries.drop()
         self.stats.redeliveries += 1
         self._guard_synced = -1
 
