@@ -107,6 +107,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_process(args: argparse.Namespace) -> int:
     import logging
 
+    from txn.consumer import ConsumerType
     from txn.delivery.output import load_handler
     from txn.delivery.processor import Processor
 
@@ -132,6 +133,9 @@ def cmd_process(args: argparse.Namespace) -> int:
         receiver_queue_size=args.receiver_queue_size,
         max_inflight_commits=args.max_inflight_commits,
         ledger_guard=not args.no_ledger_guard,
+        fencing=not args.no_fencing,
+        consumer_type=ConsumerType.Shared if args.no_fencing else ConsumerType.Failover,
+        claim_timeout_ms=args.claim_timeout_ms,
         guard_max_ids=args.guard_max_ids,
         batch_entry_boundaries=args.batch_entry_boundaries,
         client_kwargs=broker.client_kwargs(),
@@ -322,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "exceed --batch-max-messages by up to one entry)")
     pr.add_argument("--no-ledger-guard", action="store_true",
                     help="trust the broker's ack state alone (not recommended: Pulsar 4.0.x can lose batch acks)")
+    pr.add_argument("--no-fencing", action="store_true",
+                    help="no partition fences, a Shared subscription (only for one instance that never runs twice: "
+                         "two live instances can then commit an input twice)")
+    pr.add_argument("--claim-timeout-ms", type=int, default=None,
+                    help="bound on taking an input partition over from another instance (default: 2 x the "
+                         "transaction timeout + 60 s)")
     pr.add_argument("--guard-max-ids", type=int, default=1_000_000,
                     help="committed input ids the ledger guard remembers (bounded state, ~60 bytes each)")
     pr.add_argument("--metrics-port", type=int, default=None,
