@@ -21,6 +21,7 @@ from ...message import Message
 from ...producer import AsyncProducer
 from ...topic import parse_topic
 from ...transaction import AsyncTransaction
+from ..batch_txn import BatchScope
 from ..batching import EntryBoundaries
 from ..fencing import PartitionFences
 from ..ledger import default_ledger_topic, ensure_ledger_retained
@@ -79,6 +80,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
         self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
         self.guard: LedgerGuard | None = None
+        #: Opens the batches' transactions and writes their records (set up in :meth:`start`).
+        self.batches: BatchScope = None  # type: ignore[assignment]
         #: The input partitions this instance owns (``config.fencing``), set up in :meth:`start`.
         self.fences: PartitionFences | None = None
         #: Consumers whose unacknowledged inputs the loop hands back before the next batch (after a
@@ -130,6 +133,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._ledger = await self.client.create_producer(
             self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
         )
+        self.batches = BatchScope(self.client, c.job, self._ledger, c.txn_timeout_ms, fences=self.fences,
+                                  record_config=self._record_config)
         await self._producer(self.output)
 
     async def _producer(self, topic: str) -> AsyncProducer:
@@ -154,6 +159,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         task, self._next_txn = self._next_txn, None
         if task is not None:
             await _discard(task)
+        if self.batches is not None:
+            await self.batches.drain()
         for p in list(self._producers.values()) + ([self._ledger] if self._ledger else []):
             await p.close()
         if self._consumer is not None:

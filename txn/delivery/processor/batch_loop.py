@@ -19,6 +19,7 @@ from ...errors import CorruptMessage, Timeout
 from ...message import Message
 from ...transaction import AsyncTransaction
 from ..batch_ids import processor_batch_id
+from ..batch_txn import BatchScope
 from ..batching import EntryBoundaries
 from .config import ProcessorConfig, ProcessorStats
 
@@ -40,6 +41,7 @@ class BatchLoop:
     _entries: EntryBoundaries | None
     _corrupt: list[CorruptMessage]
     _handback: set[Any]
+    batches: BatchScope
     _redeliver_handed_back: Callable[[], Awaitable[None]]  # CommitPipeline's
 
     def stop(self) -> None:
@@ -96,9 +98,7 @@ class BatchLoop:
         consumer = self._consumer
         if self._next_txn is None and not self._stopping.is_set():
             # Open the next batch's transaction while its messages arrive.
-            self._next_txn = asyncio.get_running_loop().create_task(
-                self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
-            )
+            self._next_txn = asyncio.get_running_loop().create_task(self.batches.new_transaction())
         batch: list[Message] = []
         ids: set[tuple[str, Any]] = set()
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0

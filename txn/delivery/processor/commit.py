@@ -31,13 +31,14 @@ from ...message import Message
 from ...producer import AsyncProducer
 from ...transaction import AsyncTransaction
 from ..batch_ids import narrowed_batch_id
+from ..batch_txn import BatchScope, BatchTxn
 from ..batching import EntryBoundaries
 from ..fencing import PartitionFences
-from ..ledger import Kind, LedgerRecord, now_ms
+from ..ledger import Kind, now_ms
 from ..ledger_guard import LedgerGuard
 from ..output import Output, normalise
 from .config import ProcessorConfig, ProcessorStats
-from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _Dropped, _err, _settle, _Transient
+from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _Dropped, _settle, _Transient
 from .metrics import ProcessorMetrics
 from .records import _ids
 
@@ -66,6 +67,7 @@ class CommitPipeline:
     _next_txn: asyncio.Task[AsyncTransaction] | None
     _guard_synced: int
     fences: PartitionFences | None
+    batches: BatchScope
     _handback: set[Any]
     _entries: EntryBoundaries | None
 
@@ -83,7 +85,7 @@ class CommitPipeline:
                 return t
             await _discard_txn(t)
         try:
-            return await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            return await self.batches.new_transaction()
         except PulsarError as exc:
             raise _Transient(exc) from exc
 
@@ -141,8 +143,8 @@ class CommitPipeline:
             return False
         c = self.config
         timeout_ms = c.guard_sync_timeout_ms or max(3 * c.txn_timeout_ms, 120_000)
-        rec = LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=None, attempt=attempt,
-                           inputs=_ids(msgs), started_at_ms=started, config=self._record_config())
+        rec = self.batches.record(Kind.STARTED, batch_id, attempt=attempt, inputs=_ids(msgs), started_at_ms=started,
+                                  with_config=True)
         try:
             await guard.ensure_running()
             mid = await self._ledger.send(rec.to_json(), partition_key=batch_id)
@@ -192,47 +194,44 @@ class CommitPipeline:
         if dups:
             log.warning("batch %s: %d input(s) were already committed according to the ledger (the broker lost "
                         "their acknowledgements); acknowledging them again without output", batch_id, len(dups))
-        t = await self._take_txn()
+        bt = await self.batches.open(batch_id, attempt, txn=await self._take_txn(), started_at_ms=started)
+        t = bt.t
         generation = self._generation()
         inputs = _ids(fresh)
         duplicates = _ids(dups) if dups else {}
         if not wrote_started:
-            self._record_nowait(
-                LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
-                             inputs=_ids(msgs) if dups else inputs, started_at_ms=started, config=self._record_config())
-            )
+            bt.started_later(inputs=_ids(msgs) if dups else inputs, with_config=True)
         try:
             # Register what the batch will surely touch in two requests, while it is transformed.
             assert self._consumer is not None and self._ledger is not None
             parts = self._ledger.partition_topics() + self._producers[self.output].partition_topics()
-            if self.fences is not None:
-                parts += self.fences.fence_topics(partitions)
+            parts += bt.fence_topics(partitions)
             subs = [(tp, c.subscription) for tp in partitions]
             registering = asyncio.ensure_future(t.register_many(parts, subs))
             # The proof of ownership goes in before any acknowledgement (those are sent by _finish).
-            marking = asyncio.ensure_future(self.fences.mark(t, partitions)) if self.fences is not None else None
+            marking = asyncio.ensure_future(bt.mark(partitions))
             try:
                 outputs = await self._transform(fresh) if fresh else []
             finally:
                 await _settle(registering, marking)
             counts = await self._produce(outputs, t)
         except OwnershipLost as lost:
-            await self._abort(t, batch_id, attempt, inputs, started, lost)
+            await bt.abort(lost, inputs=inputs)
             self._lost(lost, msgs)
             raise _Dropped(str(lost)) from lost
         except BatchFailed as failure:
-            await self._abort(t, batch_id, attempt, inputs, started, failure)
+            await bt.abort(failure, inputs=inputs)
             raise
         except _Transient as exc:
-            await self._abort(t, batch_id, attempt, inputs, started, exc.cause)
+            await bt.abort(exc.cause, inputs=inputs)
             raise
         except PulsarError as exc:
             # A broker-side failure before any ack: nothing was acknowledged, so retry the batch.
-            await self._abort(t, batch_id, attempt, inputs, started, exc)
+            await bt.abort(exc, inputs=inputs)
             raise _Transient(exc) from exc
         await self.commit_slots.acquire()
         task = asyncio.get_running_loop().create_task(
-            self._finish(t, msgs, batch_id, attempt, inputs, counts, started, generation, fresh, duplicates)
+            self._finish(bt, msgs, inputs, counts, generation, fresh, duplicates)
         )
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -282,26 +281,21 @@ class CommitPipeline:
 
     async def _finish(
         self,
-        t: AsyncTransaction,
+        bt: BatchTxn,
         msgs: list[Message],
-        batch_id: str,
-        attempt: int,
         inputs: dict[str, list[str]],
         counts: dict[str, int],
-        started: int,
         generation: int,
         fresh: list[Message],
         duplicates: dict[str, list[str]],
     ) -> None:
         c = self.config
+        t, batch_id = bt.t, bt.batch_id
         t0 = time.monotonic()
         try:
             assert self._consumer is not None and self._ledger is not None
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
-            rec = LedgerRecord(kind=Kind.COMMITTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
-                               inputs=inputs, outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
-                               duplicates=duplicates)
-            receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates=duplicates)
             self._ledger.flush_now()
             record_id = await receipt
             await ack
@@ -331,7 +325,7 @@ class CommitPipeline:
             self.stats.aborts += 1
             log.warning("batch %s (txn %s) did not commit: %s; its inputs are handed back for redelivery",
                         batch_id, t.id, exc)
-            await self._abort(t, batch_id, attempt, inputs, started, exc)
+            await bt.abort(exc, inputs=inputs)
             self.hand_back(msgs)
             if c.ordering is not None and t.state.value == "ABORTED":
                 await c.ordering.aborted(msgs, t.id)
@@ -340,25 +334,6 @@ class CommitPipeline:
             raise
         finally:
             self.commit_slots.release()
-
-    async def _abort(
-        self,
-        t: AsyncTransaction,
-        batch_id: str,
-        attempt: int,
-        inputs: dict[str, list[str]],
-        started: int,
-        error: BaseException,
-    ) -> None:
-        if t.state.value in ("OPEN", "TIMED_OUT"):
-            try:
-                await t.abort()
-            except PulsarError as exc:
-                log.warning("abort of %s failed (the broker's timeout aborts it): %s", t.id, exc)
-        await self._record(
-            LedgerRecord(kind=Kind.ABORTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
-                         inputs=inputs, started_at_ms=started, ended_at_ms=now_ms(), error=_err(error))
-        )
 
     async def _redeliver_handed_back(self) -> None:
         """Hand the inputs of failed batches back to the broker, once no commit is in flight.

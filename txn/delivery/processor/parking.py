@@ -18,8 +18,9 @@ from ...message import Message
 from ...producer import AsyncProducer
 from ...topic import parse_topic
 from ...transaction import AsyncTransaction
+from ..batch_txn import BatchScope, BatchTxn
 from ..fencing import PartitionFences
-from ..ledger import Kind, LedgerRecord, now_ms
+from ..ledger import Kind, now_ms
 from ..ledger_guard import LedgerGuard
 from .config import ProcessorConfig, ProcessorStats
 from .failures import BatchFailed, _err
@@ -49,6 +50,7 @@ class Parking:
     _consumer: AsyncConsumer | None
     _ledger: AsyncProducer | None
     fences: PartitionFences | None
+    batches: BatchScope
     _handback: set[Any]
 
     hand_back: Callable[[list[Message]], None]  # CommitPipeline's
@@ -74,19 +76,18 @@ class Parking:
         })
         started = now_ms()
         while True:
-            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
+            bt = await self.batches.open(batch_id, attempts, started_at_ms=started)
+            t = bt.t
             try:
-                await self._mark(t, [m.topic_name()])
+                await self._mark(bt, [m.topic_name()])
                 p = await self._producer(parked_topic)
                 # Keep the event time: a replay hands the transform the message as it first saw it.
                 await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
                                    event_timestamp=m.event_timestamp() or None, txn=t)
                 await self._consumer.acknowledge_many([m], t)
-                rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempts,
-                                   inputs={m.topic_name(): [str(m.message_id())]}, outputs={parked_topic: 1},
-                                   started_at_ms=started, ended_at_ms=now_ms(), error=_err(failure.cause),
-                                   parked_topic=parked_topic, config=self._record_config())
-                await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+                await bt.write(Kind.PARKED, inputs={m.topic_name(): [str(m.message_id())]},
+                               outputs={parked_topic: 1}, error=_err(failure.cause), parked_topic=parked_topic,
+                               with_config=True)
                 await t.commit()
                 if self.guard is not None:
                     self.guard.committed.add_message(m)
@@ -102,8 +103,8 @@ class Parking:
                 self._park_failed(exc, m)
                 return
 
-    async def _mark(self, t: AsyncTransaction, partitions: list[str], take_over: bool = False) -> None:
-        """The fence markers of ``partitions`` in ``t``. A partition not held raises
+    async def _mark(self, bt: BatchTxn, partitions: list[str], take_over: bool = False) -> None:
+        """The fence markers of ``partitions`` in ``bt``. A partition not held raises
         :class:`~txn.OwnershipLost`, unless ``take_over`` (an input that was just delivered to us):
         then it is taken over first, and its other inputs are handed back to come again."""
         if self.fences is None:
@@ -114,7 +115,7 @@ class Parking:
                 self.stats.takeovers += 1
                 assert self._consumer is not None
                 self._handback.update(tc for tc in self._consumer.topic_consumers if tc.topic == part)
-        await self.fences.mark(t, partitions)
+        await bt.mark(partitions)
 
     def _park_failed(self, exc: BaseException, m: Message) -> None:
         if isinstance(exc, OwnershipLost) and self.fences is not None and exc.topic:
@@ -140,16 +141,14 @@ class Parking:
         log.error("input %s on %s cannot be read (%s); parking it on %s", mid, topic, exc, parked_topic)
         t: AsyncTransaction | None = None
         try:
-            t = await self.client.new_transaction(timeout_millis=c.txn_timeout_ms)
-            await self._mark(t, [topic], take_over=True)
+            bt = await self.batches.open(batch_id, 0, started_at_ms=started)
+            t = bt.t
+            await self._mark(bt, [topic], take_over=True)
             p = await self._producer(parked_topic)
             sent = await p.send_async(b"", properties=props, txn=t)
             await self._consumer.acknowledge(mid, t)
-            rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=0,
-                               inputs={topic: [str(mid)]}, outputs={parked_topic: 1}, started_at_ms=started,
-                               ended_at_ms=now_ms(), error=_err(exc), parked_topic=parked_topic,
-                               config=self._record_config())
-            receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+            receipt = await bt.write(Kind.PARKED, inputs={topic: [str(mid)]}, outputs={parked_topic: 1},
+                                     error=_err(exc), parked_topic=parked_topic, with_config=True)
             p.flush_now()
             self._ledger.flush_now()
             await sent

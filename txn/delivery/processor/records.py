@@ -1,7 +1,6 @@
-"""The ledger records the processor writes outside a transaction (STARTED, ABORTED) and what they carry.
+"""What the processor's ledger records say about the job (``_record_config``), and their input ids.
 
-The records written inside a transaction (COMMITTED, PARKED) are sent by the commit pipeline and
-by parking, in the same transaction as the outputs and acknowledgements.
+The records themselves are built and written by the batch transaction (``txn.delivery.batch_txn``).
 """
 
 from __future__ import annotations
@@ -9,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ...errors import PulsarError
 from ...message import Message
 from ...producer import AsyncProducer
-from ..ledger import LedgerRecord, RecordConfig
+from ..ledger import RecordConfig
 from .config import ProcessorConfig
 
 log = logging.getLogger("txn.processor")
@@ -30,28 +28,6 @@ class LedgerRecords:
     ledger_topic: str
     _ledger: AsyncProducer | None
     _inflight: set[asyncio.Task[None]]
-
-    def _record_nowait(self, rec: LedgerRecord) -> None:
-        """Queue an informative record (STARTED) without waiting for its receipt."""
-        assert self._ledger is not None
-
-        async def go() -> None:
-            try:
-                fut = await self._ledger.send_async(rec.to_json(), partition_key=rec.batch_id)
-                await fut
-            except PulsarError as exc:
-                log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
-
-        task = asyncio.get_running_loop().create_task(go())
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-
-    async def _record(self, rec: LedgerRecord) -> None:
-        assert self._ledger is not None
-        try:
-            await self._ledger.send(rec.to_json(), partition_key=rec.batch_id)
-        except PulsarError as exc:  # STARTED/ABORTED are informative; the outcome does not depend on them
-            log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
 
     def _record_config(self) -> RecordConfig:
         c = self.config
