@@ -58,8 +58,9 @@ from typing import Any, TextIO
 import txn
 from txn.backoff import Backoff
 from txn.delivery.batch_ids import narrowed_batch_id, processor_batch_id
+from txn.delivery.batch_txn import BatchScope, BatchTxn
 from txn.delivery.fencing import PartitionFences
-from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, ensure_ledger_retained, now_ms
+from txn.delivery.ledger import Kind, RecordConfig, ensure_ledger_retained
 from txn.delivery.ledger_reader import read_records
 from txn.delivery.processor import (
     PARK_ATTEMPTS,
@@ -149,6 +150,8 @@ class DistributedRuntime:
         self.exact_retries = False
         #: The input partitions' fences (``config.fencing``), taken in :meth:`start`.
         self.fences: PartitionFences | None = None
+        #: Opens the batches' transactions and writes their records (set up in :meth:`start`).
+        self.batches: BatchScope | Any = None
 
     # -------------------------------------------------------------------------- lifecycle
 
@@ -166,6 +169,8 @@ class DistributedRuntime:
                                           f"{c.job}-{self.instance}", c.txn_timeout_ms)
             for name in sorted(self._tps):
                 conn.run(self.fences.acquire(name))
+        self.batches = BatchScope(conn.client, c.job, self._ledger, c.txn_timeout_ms, fences=self.fences,
+                                  record_config=self._record_config)
         if self.admin_url:
             self.exact_retries = deduplication_enabled(self.admin_url, self.output, settings=self.settings)
         for name, (mark, _) in self._positions().items():
@@ -192,7 +197,7 @@ class DistributedRuntime:
         ends: dict[str, Entry] = {}
         started: dict[str, None] = {}
         ended: set[str] = set()
-        for r in await read_records(self._conn.client, self.ledger_topic):
+        for r in await read_records(self._conn.client, self.ledger_topic, verify_txn=True):
             if r.job != self.config.job or r.config.runtime != "spark" or not r.txn_id:
                 continue
             if r.kind == Kind.STARTED:
@@ -232,10 +237,6 @@ class DistributedRuntime:
                 conn.run(self.fences.close())
             conn.close()
 
-    async def _mark(self, t: Any, names: list[str]) -> None:
-        """The fence markers of ``names`` in ``t``, before any acknowledgement in it."""
-        if self.fences is not None:
-            await self.fences.mark(t, names)
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -340,37 +341,36 @@ class DistributedRuntime:
         c = self.config
         conn = self._conn
         assert conn is not None
-        started = now_ms()
         t0 = time.monotonic()
         try:
-            t = conn.run(conn.client.new_transaction(timeout_millis=c.txn_timeout_ms))
+            bt = conn.run(self.batches.open(batch_id, attempt))
         except PulsarError as exc:
             raise _Transient(exc) from exc
-        self._record(LedgerRecord(kind=Kind.STARTED, job=c.job, batch_id=batch_id, txn_id=str(t.id), attempt=attempt,
-                                  input_ranges=record_ranges(ranges, {r.name: ReadEnd(r.to, 0) for r in ranges}),
-                                  started_at_ms=started, config=self._record_config()))
+        t = bt.t
+        conn.run(bt.started(input_ranges=record_ranges(ranges, {r.name: ReadEnd(r.to, 0) for r in ranges}),
+                            with_config=True))
         cfg = WriteConfig(self.service_url, str(t.id), c.txn_timeout_ms, self.output, self.ledger_topic,
                           self.exact_retries, self.deterministic_order, self.write_batch_max_rows,
                           settings=self.settings)
         try:
             res = run_batch(self.spark, self.transform, self.opts, ranges, cfg, self.poll_ms, self.write_fail_dir)
         except BrokerSideError as exc:
-            self._abort(t, batch_id, attempt, started, str(exc))
+            self._abort(bt, str(exc))
             raise _Transient(str(exc)) from exc
         except TransformError as exc:
-            self._abort(t, batch_id, attempt, started, str(exc))
+            self._abort(bt, str(exc))
             raise _Failed(str(exc)) from exc
         t1 = time.monotonic()
         self.inflight_commits = 1
         try:
-            conn.run(self._commit(t, ranges, res, batch_id, attempt, started))
+            conn.run(self._commit(bt, ranges, res))
         except OwnershipLost as exc:
             # Another driver of this job took the inputs over: this one is a zombie; stop.
-            self._abort(t, batch_id, attempt, started, f"{type(exc).__name__}: {exc}")
+            self._abort(bt, f"{type(exc).__name__}: {exc}")
             self._stopping = True
             raise
         except (PulsarError, TransactionError, OSError, TimeoutError) as exc:
-            self._abort(t, batch_id, attempt, started, f"{type(exc).__name__}: {exc}")
+            self._abort(bt, f"{type(exc).__name__}: {exc}")
             raise _Transient(exc) from exc
         finally:
             self.inflight_commits = 0
@@ -389,44 +389,27 @@ class DistributedRuntime:
         if self.on_commit is not None:
             self.on_commit(batch_id, t.id, res.messages, dict(res.outputs), commit_ms)
 
-    async def _commit(self, t: Any, ranges: list[Range], res: BatchResult, batch_id: str, attempt: int,
-                      started: int) -> None:
-        """Acknowledge the ranges, write COMMITTED, commit: all in ``t``."""
+    async def _commit(self, bt: BatchTxn, ranges: list[Range], res: BatchResult) -> None:
+        """Acknowledge the ranges, write COMMITTED, commit: all in the batch's transaction."""
         assert self._conn is not None
-        held = self._conn.held
-        await self._mark(t, [r.name for r in ranges])
+        held, t = self._conn.held, bt.t
+        await bt.mark([r.name for r in ranges])
         await asyncio.gather(*(held[r.name].acknowledge_cumulative(
             txn.MessageId(*res.ends[r.name].to), t) for r in ranges))
-        rec = LedgerRecord(kind=Kind.COMMITTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id),
-                           attempt=attempt, input_ranges=record_ranges(ranges, res.ends), outputs=dict(res.outputs),
-                           started_at_ms=started, ended_at_ms=now_ms(),
-                           config=self._record_config().updated(tasks=res.tasks, rows=res.rows,
-                                                                duplicates_dropped=res.duplicates,
-                                                                task_attempts=res.attempts))
-        receipt = await self._ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
+        receipt = await bt.write(Kind.COMMITTED, input_ranges=record_ranges(ranges, res.ends),
+                                 outputs=dict(res.outputs),
+                                 config=self._record_config().updated(tasks=res.tasks, rows=res.rows,
+                                                                      duplicates_dropped=res.duplicates,
+                                                                      task_attempts=res.attempts))
         await receipt
         _fault("kill_before_runtime_commit", self.seq)
         if self.before_commit is not None:  # test hook (a zombie's pause)
             await asyncio.get_running_loop().run_in_executor(None, self.before_commit)
         await t.commit()
 
-    def _abort(self, t: Any, batch_id: str, attempt: int, started: int, error: str) -> None:
+    def _abort(self, bt: BatchTxn, error: str) -> None:
         assert self._conn is not None
-        try:
-            self._conn.run(t.abort())
-        except (PulsarError, TransactionError) as exc:
-            log.info("abort of %s: %s (its timeout ends it)", t.id, exc)
-        self._record(LedgerRecord(kind=Kind.ABORTED, job=self.config.job, batch_id=batch_id, txn_id=str(t.id),
-                                  attempt=attempt, started_at_ms=started, ended_at_ms=now_ms(), error=error,
-                                  config=self._record_config()))
-
-    def _record(self, rec: LedgerRecord) -> None:
-        """An informative record outside any transaction (STARTED, ABORTED): logged if it fails."""
-        assert self._conn is not None
-        try:
-            self._conn.run(self._ledger.send(rec.to_json(), partition_key=rec.batch_id))
-        except PulsarError as exc:
-            log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
+        self._conn.run(bt.abort(error, with_config=True))
 
     def _record_config(self) -> RecordConfig:
         c = self.config
@@ -483,9 +466,8 @@ class DistributedRuntime:
                             bad: list[tuple[txn.Message, str]], batch_id: str, root: str, total: int) -> None:
         assert self._conn is not None
         c = self.config
-        client = self._conn.client
-        started = now_ms()
-        t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        bt = await self.batches.open(root, c.max_attempts)
+        t = bt.t
         try:
             sends = []
             counts: dict[str, int] = {}
@@ -495,23 +477,18 @@ class DistributedRuntime:
                     o.content, properties=o.properties, partition_key=o.partition_key, txn=t))
                 counts[topic] = counts.get(topic, 0) + 1
             parked_topic, parked_sends = await self._send_parked(r, bad, c.max_attempts, root, t)
-            await self._mark(t, [r.name])
+            await bt.mark([r.name])
             await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
-            recs = [LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=c.max_attempts,
-                                 inputs={r.name: [str(m.message_id()) for m, _ in bad]},
-                                 input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
-                                                        "count": total}},
-                                 outputs={parked_topic: len(bad)}, started_at_ms=started, ended_at_ms=now_ms(),
-                                 error=bad[0][1], parked_topic=parked_topic, config=self._record_config())]
+            sends.append(await bt.write(Kind.PARKED, inputs={r.name: [str(m.message_id()) for m, _ in bad]},
+                                        input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
+                                                               "count": total}},
+                                        outputs={parked_topic: len(bad)}, error=bad[0][1], parked_topic=parked_topic,
+                                        with_config=True))
             if good:
-                ids = [str(m.message_id()) for m in good]
                 # Under a half of its own: the entry's batch keeps its failed attempts (ABORTED).
-                recs.append(LedgerRecord(kind=Kind.COMMITTED, job=c.job, batch_id=narrowed_batch_id(batch_id, 0),
-                                         txn_id=str(t.id), attempt=1, inputs={r.name: ids},
-                                         outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
-                                         config=self._record_config()))
-            for rec in recs:
-                sends.append(await self._ledger.send_async(rec.to_json(), partition_key=rec.batch_id, txn=t))
+                sends.append(await bt.write(Kind.COMMITTED, batch_id=narrowed_batch_id(batch_id, 0), attempt=1,
+                                            inputs={r.name: [str(m.message_id()) for m in good]}, outputs=counts,
+                                            with_config=True))
             await asyncio.gather(*sends, *parked_sends)
             await t.commit()
         except BaseException:
@@ -553,21 +530,17 @@ class DistributedRuntime:
 
     async def _park_async(self, r: Range, msgs: list[txn.Message], error: str, attempts: int, root: str) -> None:
         assert self._conn is not None
-        c = self.config
-        client = self._conn.client
-        started = now_ms()
-        t = await client.new_transaction(timeout_millis=c.txn_timeout_ms)
+        bt = await self.batches.open(root, attempts)
+        t = bt.t
         try:
             parked_topic, sends = await self._send_parked(r, [(m, error) for m in msgs], attempts, root, t)
-            await self._mark(t, [r.name])
+            await bt.mark([r.name])
             await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
-            rec = LedgerRecord(kind=Kind.PARKED, job=c.job, batch_id=root, txn_id=str(t.id), attempt=attempts,
-                               inputs={r.name: [str(m.message_id()) for m in msgs]},
-                               input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
-                                                      "count": len(msgs)}},
-                               outputs={parked_topic: len(msgs)}, started_at_ms=started, ended_at_ms=now_ms(),
-                               error=error, parked_topic=parked_topic, config=self._record_config())
-            receipt = await self._ledger.send_async(rec.to_json(), partition_key=root, txn=t)
+            receipt = await bt.write(Kind.PARKED, inputs={r.name: [str(m.message_id()) for m in msgs]},
+                                     input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
+                                                            "count": len(msgs)}},
+                                     outputs={parked_topic: len(msgs)}, error=error, parked_topic=parked_topic,
+                                     with_config=True)
             await asyncio.gather(*sends, receipt)
             await t.commit()
         except BaseException:

@@ -382,7 +382,7 @@ async def _read_tail(client: AsyncClient, topic: str, idle_ms: int, full: bool =
     the probe back: then :class:`SinkError`, rather than a guess from a partial read.
     """
     try:
-        return await read_tail(client, topic, MARKER_TAIL_ENTRIES, idle_ms, full)
+        return await read_tail(client, topic, MARKER_TAIL_ENTRIES, idle_ms, full, verify_txn=True)
     except LedgerEndUnknown:
         raise SinkError(f"cannot tell which micro-batches were committed: an unresolved transaction on "
                         f"{topic} holds back its end; retry after that transaction's timeout") from None

@@ -250,6 +250,10 @@ class Message:
         """The producer's sequence id of this message."""
         return self._sequence_id
 
+    def txn_id(self) -> TxnID | None:
+        """The transaction the message was produced in (None: outside any, or not known)."""
+        return None
+
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, id={self.message_id()}, {len(self._data)} bytes)"
 
@@ -262,7 +266,7 @@ class ReceivedMessage(Message):
     is the message's index in that entry (-1 when not batched).
     """
 
-    __slots__ = ("entry", "batch_index")
+    __slots__ = ("entry", "batch_index", "_txn")
 
     def __init__(
         self,
@@ -278,11 +282,18 @@ class ReceivedMessage(Message):
         producer_name: str,
         sequence_id: int,
         consumer: ConsumerRef | None,
+        txn: TxnID | None = None,
     ) -> None:
         Message.__init__(self, data, properties, None, topic, partition_key, publish_timestamp,  # type: ignore[arg-type]
                          event_timestamp, redelivery_count, producer_name, sequence_id, consumer)
         self.entry = entry
         self.batch_index = index
+        self._txn = txn
+
+    def txn_id(self) -> TxnID | None:
+        """The transaction the message was produced in, from the broker's stored metadata (None:
+        produced outside any transaction). Only a committed transaction's messages are delivered."""
+        return self._txn
 
     def message_id(self) -> MessageId:
         """Where the message is stored."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..connection import Connection, command
 from ..errors import ChecksumMismatch, ConnectError, CorruptMessage, PayloadTooLarge, ProtocolError, SizeLimitExceeded
-from ..message import MessageId, ReceivedMessage
+from ..message import MessageId, ReceivedMessage, TxnID
 from ..protocol import Frame, decompress, pb, split_batch
 from .parent import ConsumerParent
 
@@ -103,12 +103,13 @@ class MessageFlow:
         event_time = meta.event_time
         producer = meta.producer_name
         props = {kv.key: kv.value for kv in meta.properties} if len(meta.properties) else None
+        txn = TxnID(meta.txnid_most_bits, meta.txnid_least_bits) if meta.HasField("txnid_least_bits") else None
         if not batched:
             key = meta.partition_key if meta.HasField("partition_key") else None
             entry = (mid.ledgerId, mid.entryId, self.partition, 0)
             return [
                 ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
-                                producer, meta.sequence_id, self)
+                                producer, meta.sequence_id, self, txn)
             ]
         entry = (mid.ledgerId, mid.entryId, self.partition, n)
         out: list[ReceivedMessage] = []
@@ -129,6 +130,6 @@ class MessageFlow:
                 p = dict(own_props)
             append(
                 ReceivedMessage(data, p, entry, i, topic, key, publish_time, ev or event_time, redeliveries, producer,
-                                base_seq + i if seq is None else seq, self)
+                                base_seq + i if seq is None else seq, self, txn)
             )
         return out

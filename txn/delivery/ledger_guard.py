@@ -22,9 +22,13 @@ every transaction with records before it is resolved; so from then on the guard 
 commit that could have lost its acknowledgements. Between re-subscriptions the broker's own
 state is exact, and the guard is only a second line.
 
-Trust: the guard believes committed records of its job in the ledger topic. Only the job's
-role should be allowed to produce to the ledger topic (Pulsar authorization), as for any topic
-whose contents decide what a job skips.
+Trust: the guard believes a committing record (COMMITTED, PARKED, REPLAYED) of its job only if
+the broker's metadata shows it was produced inside the very transaction it names, which then
+committed (a read-committed reader sees nothing else). A record planted outside any transaction,
+or inside a transaction other than the one it names, is counted (``untrusted``) and ignored.
+A writer who can open transactions and produce to the ledger can still commit a record naming its
+own transaction; so only the job's role should be allowed to produce to the ledger topic (Pulsar
+authorization), as for any topic whose contents decide what a job skips.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from itertools import groupby
 from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
-from ..message import EARLIEST, Message, MessageId
+from ..message import EARLIEST, Message, MessageId, TxnID
 from .ledger import COMMITTING_KINDS as _COMMITTING
 from .ledger import SCHEMA
 
@@ -149,6 +153,9 @@ class LedgerGuard:
         self.records_read = 0
         self.records_applied = 0
         self.malformed = 0
+        #: Committing records of the job that were not written inside the transaction they name
+        #: (planted outside any transaction, or inside another one): never trusted.
+        self.untrusted = 0
         self._needle = f'"job":{_json_str(job)}'.encode()
         self._reader: object | None = None
         self._task: asyncio.Task[None] | None = None
@@ -200,7 +207,7 @@ class LedgerGuard:
                     log.error("ledger guard on %s: unreadable ledger message %s skipped (%s)", self.ledger_topic,
                               exc.message_id, exc)
                     continue
-                self.apply(m.data())
+                self.apply(m.data(), m.txn_id())
                 mid = m.message_id()
                 self._position = (mid.ledger_id, mid.entry_id, mid.batch_index)
                 self._moved.set()
@@ -211,8 +218,10 @@ class LedgerGuard:
             self._moved.set()
             log.error("ledger guard on %s stopped: %s", self.ledger_topic, exc)
 
-    def apply(self, data: bytes) -> None:
-        """Apply one ledger message: committing records of our job add their inputs."""
+    def apply(self, data: bytes, txn: TxnID | None) -> None:
+        """Apply one ledger message: committing records of our job add their inputs, if the
+        message was produced inside the transaction the record names (``txn``, from the broker's
+        metadata; a read-committed reader only sees it once that transaction committed)."""
         self.records_read += 1
         if self._needle not in data:
             return  # another job's record (or not a record): skip it without parsing
@@ -227,6 +236,14 @@ class LedgerGuard:
             self.malformed += 1
             return
         if d.get("job") != self.job or d.get("kind") not in COMMITTING_KINDS:
+            return
+        if txn is None or d.get("txn_id") != str(txn):
+            self.untrusted += 1
+            if self.untrusted <= 10 or self.untrusted % 1000 == 0:
+                log.warning("ledger guard on %s: a %s record of job %s names transaction %r but was written %s; "
+                            "not trusted (%d so far)", self.ledger_topic, str(d.get("kind"))[:16], self.job,
+                            str(d.get("txn_id"))[:40], "outside any transaction" if txn is None else f"in {txn}",
+                            self.untrusted)
             return
         inputs = d.get("inputs")
         if not isinstance(inputs, dict) or not all(isinstance(ids, list) for ids in inputs.values()):

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import CorruptMessage, Timeout
 from ..message import EARLIEST, Message, MessageId
-from .ledger import LedgerRecord, LedgerSchemaError
+from .ledger import COMMITTING_KINDS, LedgerRecord, LedgerSchemaError
 
 #: Property of the probe messages written by :func:`write_probe`.
 PROBE_PROP = "pulsar-txn.probe"
@@ -49,11 +49,23 @@ class LedgerEntry:
     reason: str | None = None
 
 
-def entry_of(m: Message) -> LedgerEntry:
-    """Parse a ledger message; an invalid one gets ``record=None`` and the reason."""
+def entry_of(m: Message, verify_txn: bool = False) -> LedgerEntry:
+    """Parse a ledger message; an invalid one gets ``record=None`` and the reason.
+
+    With ``verify_txn`` a committing record (COMMITTED, PARKED, REPLAYED) counts only if the
+    broker's metadata shows it was produced inside the transaction it names (so it exists exactly
+    when that transaction committed); one written outside any transaction, or in another, is
+    invalid ("untrusted")."""
     raw = m.data()
     try:
-        return LedgerEntry(m.message_id(), m.publish_timestamp(), LedgerRecord.from_json(raw), raw)
+        rec = LedgerRecord.from_json(raw)
+        if verify_txn and rec.kind in COMMITTING_KINDS:
+            txn = m.txn_id()
+            if txn is None or str(txn) != rec.txn_id:
+                where = "outside any transaction" if txn is None else "in another transaction"
+                return LedgerEntry(m.message_id(), m.publish_timestamp(), None, raw,
+                                   f"untrusted {rec.kind} record: written {where} than the one it names")
+        return LedgerEntry(m.message_id(), m.publish_timestamp(), rec, raw)
     except LedgerSchemaError as exc:
         reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - whatever a hostile record does, it is quarantined
@@ -66,15 +78,17 @@ class LedgerReader:
 
     ``async with await LedgerReader.open(client, topic, start) as r: ...``"""
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: Any, verify_txn: bool = False) -> None:
         self._reader = reader
+        self.verify_txn = verify_txn
 
     @classmethod
     async def open(cls, client: Any, topic: str, start: MessageId = EARLIEST, *, inclusive: bool = False,
-                   receiver_queue_size: int = 1000) -> LedgerReader:
-        """A reader of ``topic`` from ``start`` (exclusive unless ``inclusive``)."""
+                   receiver_queue_size: int = 1000, verify_txn: bool = False) -> LedgerReader:
+        """A reader of ``topic`` from ``start`` (exclusive unless ``inclusive``); ``verify_txn``: see
+        :func:`entry_of`."""
         return cls(await client.create_reader(topic, start, start_message_id_inclusive=inclusive,
-                                              receiver_queue_size=receiver_queue_size))
+                                              receiver_queue_size=receiver_queue_size), verify_txn)
 
     async def close(self) -> None:
         """Close the underlying Reader."""
@@ -97,7 +111,7 @@ class LedgerReader:
                 break
             if key is not None and m.partition_key() not in ("", key):
                 continue
-            out.append(entry_of(m))
+            out.append(entry_of(m, self.verify_txn))
         return out
 
     async def to_probe(self, probe: str, idle_ms: int) -> list[LedgerEntry]:
@@ -112,7 +126,7 @@ class LedgerReader:
                                        "end") from None
             if m.properties().get(PROBE_PROP) == probe:
                 return out
-            e = entry_of(m)
+            e = entry_of(m, self.verify_txn)
             if e.record is not None:  # older probes are not records
                 out.append(e)
 
@@ -138,19 +152,21 @@ def records_of(entries: list[LedgerEntry]) -> list[LedgerRecord]:
 
 
 async def read_records(client: Any, topic: str, *, start: MessageId = EARLIEST, key: str | None = None,
-                       idle_ms: int = 1500) -> list[LedgerRecord]:
+                       idle_ms: int = 1500, verify_txn: bool = False) -> list[LedgerRecord]:
     """The valid records of ``topic`` after ``start`` up to its end as of now, oldest first (with
-    ``key``: only that batch id's)."""
-    async with await LedgerReader.open(client, topic, start) as r:
+    ``key``: only that batch id's; with ``verify_txn``: committing records only if written inside
+    their own transaction, see :func:`entry_of`)."""
+    async with await LedgerReader.open(client, topic, start, verify_txn=verify_txn) as r:
         records = records_of(await r.to_end(idle_ms, key))
     return records if key is None else [x for x in records if x.batch_id == key]
 
 
 async def batch_records(client: Any, topic: str, batch_id: str, *, after: MessageId | None = None,
-                        idle_ms: int = 1500) -> list[LedgerRecord]:
+                        idle_ms: int = 1500, verify_txn: bool = False) -> list[LedgerRecord]:
     """The records of ``batch_id`` in ``topic`` after position ``after`` (from the start if None):
     see the module docs for the cost."""
-    return await read_records(client, topic, start=after or EARLIEST, key=batch_id, idle_ms=idle_ms)
+    return await read_records(client, topic, start=after or EARLIEST, key=batch_id, idle_ms=idle_ms,
+                              verify_txn=verify_txn)
 
 
 async def write_probe(client: Any, topic: str) -> tuple[str, MessageId]:
@@ -166,12 +182,12 @@ async def write_probe(client: Any, topic: str) -> tuple[str, MessageId]:
 
 
 async def read_tail(client: Any, topic: str, last_entries: int, idle_ms: int,
-                    full: bool = False) -> list[LedgerRecord]:
+                    full: bool = False, verify_txn: bool = False) -> list[LedgerRecord]:
     """The records of the last ``last_entries`` entries of ``topic`` (all of them with ``full``), up
     to a probe written first; raises :class:`LedgerEndUnknown` (see :meth:`LedgerReader.to_probe`)."""
     probe, end = await write_probe(client, topic)
     start, inclusive = EARLIEST, False
     if not full and end.entry_id > last_entries:
         start, inclusive = MessageId(end.ledger_id, end.entry_id - last_entries, -1, -1), True
-    async with await LedgerReader.open(client, topic, start, inclusive=inclusive) as r:
+    async with await LedgerReader.open(client, topic, start, inclusive=inclusive, verify_txn=verify_txn) as r:
         return records_of(await r.to_probe(probe, idle_ms))

@@ -33,6 +33,7 @@ from ..consumer import ConsumerType, InitialPosition
 from ..errors import Timeout
 from ..message import Message, MessageId
 from ..topic import parse_topic
+from .batch_txn import BatchScope
 from .ledger import Kind, LedgerRecord, RecordConfig, now_ms
 from .ledger_reader import batch_records, read_records
 from .output import Output, normalise
@@ -118,11 +119,12 @@ async def replay_batch(
         raise ReplayError(f"batch {batch_id}: a transform replay needs its runtime's replayer (e.g. "
                           "replayer=spark_jobs.runtime.replay_outputs)")
     if records is None:
-        records = await batch_records(client, ledger_topic, batch_id, idle_ms=idle_ms)
+        records = await batch_records(client, ledger_topic, batch_id, idle_ms=idle_ms, verify_txn=True)
     else:
         records = [r for r in records if r.batch_id == batch_id]
         if records_until is not None:
-            records += await batch_records(client, ledger_topic, batch_id, after=records_until, idle_ms=idle_ms)
+            records += await batch_records(client, ledger_topic, batch_id, after=records_until, idle_ms=idle_ms,
+                                           verify_txn=True)
     if not records:
         raise ReplayError(f"batch {batch_id!r} is not in the ledger {ledger_topic}")
     done = [r for r in records if r.kind == Kind.REPLAYED]
@@ -181,36 +183,36 @@ async def replay_batch(
                 raise ReplayError(f"batch {batch_id}: an output names no topic and no output topic was given")
             if allowed_outputs is not None and str(parse_topic(topic)) not in allowed_outputs:
                 raise ReplayError(f"batch {batch_id}: an output goes to {topic}, which the job may not write to")
-        t = await client.new_transaction(timeout_millis=txn_timeout_ms)
+        cfg = RecordConfig(transform=transform) if transform is not None else RecordConfig(
+            handler=getattr(handler, "__qualname__", "?"))
+        ledger = await client.create_producer(ledger_topic)
+        scope = BatchScope(client, parked[-1].job, ledger, txn_timeout_ms, record_config=lambda: cfg)
         counts: dict[str, int] = {}
         producers: dict[str, Any] = {}
         try:
-            for o in outputs:
-                topic = o.topic or out_topic
-                if topic not in producers:
-                    producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
-                await producers[topic].send_async(o.content, properties=o.properties,
-                                                  partition_key=o.partition_key, txn=t)
-                counts[topic] = counts.get(topic, 0) + 1
-            await consumer.acknowledge_many(msgs, t)
-            inputs: dict[str, list[str]] = {}
-            for m in msgs:
-                inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
-            rec = LedgerRecord(kind=Kind.REPLAYED, job=parked[-1].job, batch_id=batch_id, txn_id=str(t.id), attempt=1,
-                               inputs=inputs, outputs=counts, started_at_ms=started, ended_at_ms=now_ms(),
-                               replay_of=batch_id,
-                               config=RecordConfig(transform=transform) if transform is not None else
-                               RecordConfig(handler=getattr(handler, "__qualname__", "?")))
-            ledger = await client.create_producer(ledger_topic)
-            await ledger.send_async(rec.to_json(), partition_key=batch_id, txn=t)
-            await t.commit()
-            await ledger.close()
-        except BaseException:
-            await t.abort_if_open()
-            raise
+            bt = await scope.open(batch_id, 1, started_at_ms=started)
+            t = bt.t
+            try:
+                for o in outputs:
+                    topic = o.topic or out_topic
+                    if topic not in producers:
+                        producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
+                    await producers[topic].send_async(o.content, properties=o.properties,
+                                                      partition_key=o.partition_key, txn=t)
+                    counts[topic] = counts.get(topic, 0) + 1
+                await consumer.acknowledge_many(msgs, t)
+                inputs: dict[str, list[str]] = {}
+                for m in msgs:
+                    inputs.setdefault(m.topic_name(), []).append(str(m.message_id()))
+                await bt.write(Kind.REPLAYED, inputs=inputs, outputs=counts, replay_of=batch_id, with_config=True)
+                await bt.commit()
+            except BaseException:
+                await t.abort_if_open()
+                raise
         finally:
             for p in producers.values():
                 await p.close()
+            await ledger.close()
         return ReplayResult(batch_id, True, f"replayed {len(msgs)} message(s) of batch {batch_id} in transaction "
                             f"{t.id}", str(t.id), len(msgs), counts)
     finally:
