@@ -1,9 +1,16 @@
 """Chaos harness for the exactly-once processor.
 
 A generator (the official client) writes uniquely numbered messages; ``pulsar-txn process``
-subprocesses transform them. Meanwhile the harness SIGKILLs the processor at random instants
-and restarts it, restarts the broker (cleanly or with SIGKILL), and pauses one instance with
-SIGSTOP while a replacement runs on the same subscription, then resumes it (a zombie).
+subprocesses transform them, one or a fleet of several instances of the job on one subscription.
+Meanwhile the harness SIGKILLs instances at random instants and restarts them, restarts the
+broker (cleanly or with SIGKILL), and pauses one instance with SIGSTOP while a replacement runs on
+the same subscription, then resumes it (a zombie): after the transaction timeout, then killed (the
+friendly default), or after a few seconds, left running beside its replacement to the end.
+
+After the last fault nothing is restarted: the fleet must drain by itself (every output seen, the
+subscription's backlog 0 in the broker's admin stats) within a limit, or the run reports the
+stranded inputs (processed by no one while every instance is up: an abort whose inputs the broker
+keeps assigned to a consumer that stays connected).
 
 A :class:`Shape` says how the inputs look: a batched or unbatched producer, a partitioned input
 or not, a 1:1 handler or one emitting ``id % 3`` outputs, deduplication on or off on the
@@ -34,7 +41,7 @@ from pathlib import Path
 import pulsar
 
 import txn
-from txn.admin import create_namespace, create_partitioned_topic, enable_namespace_dedup
+from txn.admin import admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup, topic_path
 from txn.delivery.replay import read_ledger
 from txn_shell.localbroker import BrokerError
 
@@ -105,6 +112,22 @@ class ChaosResult:
     #: Lost outputs whose input IS on the input topic: lost by the processor (must be 0).
     lost_with_input_stored: int = 0
     timed_out: bool = False
+    #: Processors of the job running side by side (the fleet).
+    instances: int = 1
+    #: Liveness, judged after the last fault with nothing restarted: seconds until every expected
+    #: output was seen and the subscription's backlog was 0 (None: not within ``drain_limit_s``).
+    drain_s: float | None = None
+    drain_limit_s: float = 0.0
+    #: Expected outputs not seen when the drain limit passed (the inputs stayed stranded while the
+    #: fleet was up); the final audit's ``lost`` is what is still missing after every instance was
+    #: restarted.
+    stranded: int = 0
+    #: The subscription's backlog when the drain was judged (None: the broker did not answer).
+    backlog_left: int | None = None
+    #: Instances that exited by themselves during the drain (a failure: nothing restarts them).
+    drain_exits: int = 0
+    #: Resumed zombies that exited by themselves (reported, not a failure: a fenced zombie may).
+    zombie_exits: int = 0
     seconds: float = 0.0
     duplicated_ids: list[tuple[int, int]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -119,15 +142,20 @@ class ChaosResult:
                 f"guard_skipped={self.guard_skipped} inputs_missing={self.inputs_missing} "
                 f"lost_inputs_in_ledger={self.lost_inputs_in_ledger} "
                 f"lost_with_input_stored={self.lost_with_input_stored} timed_out={self.timed_out} "
+                f"instances={self.instances} stranded={self.stranded} "
+                f"drain_s={'none' if self.drain_s is None else f'{self.drain_s:.1f}'} "
+                f"(limit {self.drain_limit_s:.0f}) backlog_left={self.backlog_left} drain_exits={self.drain_exits} "
+                f"zombie_exits={self.zombie_exits} "
                 f"seconds={self.seconds:.0f}")
 
     @property
     def ok(self) -> bool:
-        """Exactly once, fully accounted for by the ledger."""
+        """Exactly once, fully accounted for by the ledger, and drained by the fleet as it was."""
         return (self.sent > 0 and self.send_failed == 0 and not self.timed_out and self.lost == 0
                 and self.duplicated == 0 and self.unexpected == 0 and self.out == self.expected
                 and self.distinct == self.expected and self.committed_outputs == self.out
-                and self.committed_inputs == self.sent and self.inputs_committed_twice == 0)
+                and self.committed_inputs == self.sent and self.inputs_committed_twice == 0
+                and self.stranded == 0 and self.drain_s is not None and self.drain_exits == 0)
 
 
 class _Proc:
@@ -135,6 +163,7 @@ class _Proc:
 
     def __init__(self, name: str, args: list[str], logdir: Path, code_dir: Path | None = None) -> None:
         self.name = name
+        self.started_ms = time.time() * 1000
         self.log = open(logdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         env = None if code_dir is None else dict(os.environ, PYTHONPATH=str(code_dir))
         self.p = subprocess.Popen([sys.executable, "-m", "txn_shell.cli", "process", *args], cwd=code_dir, env=env,
@@ -196,7 +225,11 @@ class _Generator:
         p = self.client.create_producer(
             self.topic, producer_name=f"gen-{uuid.uuid4().hex[:6]}", batching_enabled=batched,
             batching_max_messages=1000, batching_max_allowed_size_in_bytes=1 << 20, batching_max_publish_delay_ms=50,
-            send_timeout_millis=0, block_if_queue_full=True, max_pending_messages=2000)
+            send_timeout_millis=0, block_if_queue_full=True, max_pending_messages=2000,
+            # Never adopt the broker's lastSequenceId: pulsar-client 3.13.0 resets its counter when it
+            # reconnects before its first receipt, and deduplication then drops the next messages
+            # while confirming them with (-1,-1) (tests/test_sequence_ids.py, docs/cluster.md).
+            initial_sequence_id=1)
         i = 0
         while i < self.n and time.monotonic() < deadline and not self.stop.is_set():
             if self.backlog and i - self.processed > self.backlog:
@@ -234,6 +267,32 @@ def _restart_broker(broker, kill: bool) -> None:  # noqa: ANN001
             time.sleep(3)
 
 
+def _sub_stats(admin_url: str, topic: str, partitioned: bool, sub: str) -> dict | None:
+    """Subscription ``sub``'s stats on ``topic`` (its partitions aggregated) from the broker's admin
+    REST API, or None if the broker did not answer (restarting, topic loading)."""
+    path = f"/admin/v2/{topic_path(topic)}/{'partitioned-stats' if partitioned else 'stats'}"
+    try:
+        status, body = admin_request("GET", admin_url, path, timeout=10)
+    except OSError:
+        return None
+    if status != 200 or not isinstance(body, dict):
+        return None
+    return (body.get("subscriptions") or {}).get(sub)
+
+
+def _backlog(stats: dict | None) -> int | None:
+    return None if stats is None else int(stats.get("msgBacklog", 0))
+
+
+def _consumers(stats: dict | None) -> str:
+    """The subscription's consumers as ``name: unacked=N permits=N`` (what the broker thinks each holds)."""
+    if not stats:
+        return "no stats"
+    cs = stats.get("consumers") or []
+    return "; ".join(f"{c.get('consumerName')}: unacked={c.get('unackedMessages')} "
+                     f"permits={c.get('availablePermits')}" for c in cs) or "no consumers"
+
+
 def run_chaos(
     broker,  # noqa: ANN001 - an object with service_url, admin_url and local (a LocalBroker or None)
     workdir: Path,
@@ -253,18 +312,57 @@ def run_chaos(
     settle_s: float | None = None,
     code_dir: Path | None = None,
     time_limit_s: float = 600.0,
+    instances: int = 1,
+    zombie_pause_s: float | None = None,
+    zombie_linger_s: float | None = None,
+    drain_limit_s: float = 120.0,
+    fault_gap_s: tuple[float, float] = (2.0, 5.0),
     log=print,  # noqa: ANN001
 ) -> ChaosResult:
     """Run the scenario and return the counts (the caller asserts on them).
 
     ``shape=None`` is the original scenario: unbatched, one partition, 1:1, deduplication on.
     ``backlog > 0``: instead of ``rate``, keep about that many inputs unprocessed until the chaos
-    plan is done (``n`` is then a cap).
+    plan is done (``n`` is then a cap). ``rate <= 0``: spread the ``n`` inputs over the plan's
+    expected length, so they are published during the faults.
     ``code_dir``: run the processors from this copy of the ``txn`` package (e.g. an older commit).
+
+    ``instances``: that many processors of the job run on the subscription from the start (a fleet).
+    A kill SIGKILLs one of them, picked at random, and starts its replacement; one that exits by
+    itself while the faults go on is restarted.
+
+    A zombie: one instance of the fleet, picked at random, is paused (SIGSTOP) and a replacement
+    takes its place at once; after ``zombie_pause_s`` (None: the transaction timeout + 3 s, longer
+    than the broker's 30 s keep-alive, so its connection is dropped; a few seconds: the broker still
+    counts it as connected) it is resumed (SIGCONT). ``zombie_linger_s`` None: it is SIGKILLed 3 s
+    later. A number: the resumed zombie is never stopped by the harness: it keeps running beside its
+    replacement to the end of the run, through the drain (whatever it holds it must process or give
+    back by itself; a SIGTERM would close its consumer and make the broker redeliver for it), and
+    the drain does not start before it has run that long beside its replacement (the plan's other
+    faults go on meanwhile; kills never pick a zombie). A zombie that exits by itself is reported
+    (``zombie_exits``) and not restarted; it is not one of the ``instances``.
+
+    Liveness: once the plan, the zombies' linger and the generator are done, the drain phase
+    restarts nothing: ``drain_s`` is how long it took until every expected output of the inputs the
+    input topic holds was seen and the subscription's backlog (admin REST stats, ``msgBacklog`` of
+    ``chaos``) was 0; None if that did not happen within ``drain_limit_s``. ``stranded`` counts
+    those expected outputs not seen by then, ``drain_exits`` the instances that exited by themselves
+    during the drain. After a failed drain every process is stopped and the fleet restarted (as an
+    operator would), and the run waits for the rest of the outputs until ``time_limit_s``: ``lost``
+    is what the final audit still misses (with ``inputs_missing``: inputs the broker confirmed
+    but does not hold, which no processor can produce outputs for).
+
+    The faults come ``fault_gap_s`` (a uniform range) apart, in random order; with a linger the
+    zombies are spread over the plan from its first action on, so the other faults hit the fleet
+    while a resumed zombie runs beside its replacement.
     """
+    if instances < 1:
+        raise ValueError("instances must be at least 1")
     shape = shape or Shape()
     rnd = random.Random(seed)
-    res = ChaosResult(shape=shape.name)
+    pick = random.Random(seed + 1)  # which instance a fault hits (rnd's sequence stays that of one instance)
+    pause_s = txn_timeout_ms / 1000 + 3 if zombie_pause_s is None else zombie_pause_s
+    res = ChaosResult(shape=shape.name, instances=instances, drain_limit_s=drain_limit_s)
     t_start = time.monotonic()
     deadline = t_start + time_limit_s
     tag = uuid.uuid4().hex[:8]
@@ -311,11 +409,16 @@ def run_chaos(
                 live.acknowledge(m)
 
     if rate <= 0:  # spread the inputs over the chaos plan's expected length
-        rate = n / max(30.0, 3.5 * (kills + broker_restarts + broker_kills + zombies)
-                       + 45 * (broker_restarts + broker_kills) + (txn_timeout_ms / 1000 + 6) * zombies)
+        plan_s = (sum(fault_gap_s) / 2 * (kills + broker_restarts + broker_kills + zombies)
+                  + 45 * (broker_restarts + broker_kills)
+                  + (pause_s + (3 if zombie_linger_s is None else 0)) * zombies
+                  + (zombie_linger_s or 0) * min(zombies, 1))
+        rate = n / max(30.0, plan_s)
     generator = _Generator(official, inp, shape, n, rate, seed)
     generator.backlog = backlog
-    procs: list[_Proc] = []
+    procs: list[_Proc] = []  # every process started (for the clean-up and the logs)
+    fleet: list[_Proc] = []  # the live instances of the job, ``instances`` of them
+    zombies_up: list[tuple[float, _Proc]] = []  # resumed zombies (never stopped) and when they resumed
     gen = threading.Thread(target=generator.run, args=(deadline,), daemon=True)
     rd = threading.Thread(target=read_loop, daemon=True)
     rd.start()
@@ -332,40 +435,80 @@ def run_chaos(
         res.events.append(f"{time.monotonic() - t_start:6.1f}s {msg}")
         log(res.events[-1])
 
-    def check_alive(current: _Proc) -> _Proc:
-        if current.p.poll() is None:
-            return current
-        res.proc_exits += 1
-        event(f"{current.name} exited by itself (code {current.p.returncode}); restarting")
-        current.log.close()
-        return start_proc()
+    def progress() -> str:
+        return f"[confirmed {len(generator.confirmed)}, outputs seen {len(seen)}]"
+
+    def check_fleet() -> None:
+        for k, pr in enumerate(fleet):
+            if pr.p.poll() is None:
+                continue
+            res.proc_exits += 1
+            pr.log.close()
+            fleet[k] = start_proc()
+            event(f"{pr.name} exited by itself (code {pr.p.returncode}); restarted as {fleet[k].name}")
+
+    def check_zombies() -> None:
+        for item in list(zombies_up):
+            z = item[1]
+            if z.p.poll() is not None:
+                zombies_up.remove(item)
+                res.proc_exits += 1
+                res.zombie_exits += 1
+                z.log.close()
+                event(f"zombie {z.name} exited by itself (code {z.p.returncode}); not restarted {progress()}")
+
+    def read_inputs() -> set[int] | None:
+        """The ids the input topic holds (None if they could not be read)."""
+        held: set[int] = set()
+        parts = [f"{inp}-partition-{k}" for k in range(shape.partitions)] if shape.partitions > 1 else [inp]
+        try:
+            for part in parts:
+                r = official.create_reader(part, pulsar.MessageId.earliest)
+                try:
+                    while r.has_message_available():
+                        held.add(int(r.read_next(timeout_millis=10000).data()))
+                finally:
+                    r.close()
+        except Exception as exc:  # the final audit reads them again
+            event(f"input topic not readable for the drain ({exc!r}); waiting for every confirmed input")
+            return None
+        return held
 
     try:
-        current = start_proc()
+        for _ in range(instances):
+            fleet.append(start_proc())
+        if instances > 1:
+            event(f"fleet of {instances}: {', '.join(p.name for p in fleet)}")
         gen.start()
         plan = (["kill"] * kills + ["broker"] * broker_restarts + ["broker-kill"] * broker_kills
                 + ["zombie"] * zombies)
         rnd.shuffle(plan)
+        if zombie_linger_s is not None and zombies:
+            others = [a for a in plan if a != "zombie"]
+            for j in range(zombies):
+                others.insert(j * (len(others) + j + 1) // zombies, "zombie")
+            plan = others
         for action in plan:
-            time.sleep(rnd.uniform(2.0, 5.0))
+            time.sleep(rnd.uniform(*fault_gap_s))
             if time.monotonic() > deadline:
                 break
-            current = check_alive(current)
+            check_zombies()
+            check_fleet()
             if action == "kill":
-                current.send_signal(signal.SIGKILL)
-                current.p.wait(10)
-                current.log.close()
+                k = pick.randrange(len(fleet))
+                victim = fleet[k]
+                victim.send_signal(signal.SIGKILL)
+                victim.p.wait(10)
+                victim.log.close()
                 res.kills += 1
-                event(f"SIGKILL {current.name} (pid {current.p.pid}); restarting "
-                      f"[confirmed {len(generator.confirmed)}, outputs seen {len(seen)}]")
-                current = start_proc()
+                fleet[k] = start_proc()
+                event(f"SIGKILL {victim.name} (pid {victim.p.pid}); restarted as {fleet[k].name} {progress()}")
             elif action in ("broker", "broker-kill"):
                 if broker.local is None:
                     event("broker restart skipped: not our broker")
                     continue
                 hard = action == "broker-kill"
-                event(f"broker {'SIGKILL' if hard else 'stop'} [confirmed {len(generator.confirmed)}, "
-                      f"outputs seen {len(seen)}]")
+                event(f"broker {'SIGKILL' if hard else 'stop'} {progress()}")
                 _restart_broker(broker, hard)
                 if hard:
                     res.broker_kills += 1
@@ -373,30 +516,103 @@ def run_chaos(
                     res.broker_restarts += 1
                 event("broker back")
             else:
-                zombie = current
+                k = pick.randrange(len(fleet))
+                zombie = fleet[k]
                 zombie.send_signal(signal.SIGSTOP)
-                event(f"SIGSTOP {zombie.name}; starting a replacement")
-                current = start_proc()
-                time.sleep(txn_timeout_ms / 1000 + 3)  # the zombie's open transaction times out meanwhile
+                fleet[k] = start_proc()
+                event(f"SIGSTOP {zombie.name}; replacement {fleet[k].name} started {progress()}")
+                time.sleep(pause_s)  # with the default, the zombie's open transaction times out meanwhile
                 zombie.send_signal(signal.SIGCONT)
                 res.zombies += 1
-                event(f"SIGCONT {zombie.name} (zombie resumed next to {current.name})")
-                time.sleep(3)
-                zombie.stop(signal.SIGKILL)
-                event(f"SIGKILL zombie {zombie.name}")
+                event(f"SIGCONT {zombie.name} after {pause_s:.0f}s (zombie resumed next to {fleet[k].name}) "
+                      f"{progress()}")
+                if zombie_linger_s is None:
+                    time.sleep(3)
+                    zombie.stop(signal.SIGKILL)
+                    event(f"SIGKILL zombie {zombie.name}")
+                else:
+                    zombies_up.append((time.monotonic(), zombie))
+        # The last fault may be a zombie: it runs beside its replacement at least zombie_linger_s.
+        linger_end = max((t + (zombie_linger_s or 0) for t, _ in zombies_up), default=0.0)
+        while time.monotonic() < min(linger_end, deadline):
+            check_zombies()
+            check_fleet()
+            time.sleep(0.5)
+        if zombies_up:
+            event(f"zombies {', '.join(z.name for _, z in zombies_up)} still running beside the fleet "
+                  f"{', '.join(p.name for p in fleet)} {progress()}")
         if backlog:
             generator.stop.set()
         gen.join(max(0.0, deadline - time.monotonic()))
         confirmed = set(generator.confirmed)
         expected = {(i, k) for i in confirmed for k in range(shape.outputs_of(i))}
-        event(f"generator done: {generator.produced} produced, {len(confirmed)} confirmed, "
-              f"{len(generator.failed)} failed; {len(expected)} outputs expected")
-        # Let the survivor finish (restarting it if it died), then give a late commit time to show.
-        while not expected <= seen and time.monotonic() < deadline:
-            current = check_alive(current)
+        dedup_receipts = sum(1 for i in confirmed if generator.msg_ids.get(i, "").startswith("(-1,-1"))
+        event(f"generator done: {generator.produced} produced, {len(confirmed)} confirmed "
+              f"({dedup_receipts} with a (-1,-1) receipt), {len(generator.failed)} failed; "
+              f"{len(expected)} outputs expected")
+        check_fleet()  # the faults are over: from here on nothing is restarted until the drain is judged
+        check_zombies()
+
+        # Drain: the fleet as it is must finish every input the topic holds and leave the backlog at 0.
+        t_drain = time.monotonic()
+        drain_end = min(deadline, t_drain + drain_limit_s)
+        held = read_inputs()
+        want = expected if held is None else {(i, k) for i, k in expected if i in held}
+        if held is not None and len(want) < len(expected):
+            event(f"the input topic does not hold {len(confirmed - held)} confirmed inputs; "
+                  f"the drain waits for the {len(want)} outputs of the inputs it holds")
+        exited: set[str] = set()
+        stats: dict | None = None
+
+        def note_exits() -> None:
+            for pr in fleet:
+                if pr.p.poll() is not None and pr.name not in exited:
+                    exited.add(pr.name)
+                    res.drain_exits += 1
+                    event(f"{pr.name} exited by itself during the drain (code {pr.p.returncode}); not restarted")
+            check_zombies()
+
+        while True:
+            note_exits()
+            if want <= seen:
+                stats = _sub_stats(broker.admin_url, inp, shape.partitions > 1, "chaos")
+                if _backlog(stats) == 0:
+                    res.drain_s = time.monotonic() - t_drain
+                    break
+            if time.monotonic() >= drain_end:
+                break
             time.sleep(0.5)
-        res.timed_out = not expected <= seen
+        res.stranded = len(want - seen)
+        if res.drain_s is not None:
+            res.backlog_left = 0
+            event(f"drained in {res.drain_s:.1f}s: all {len(want)} outputs seen, backlog 0")
+        else:
+            stats = _sub_stats(broker.admin_url, inp, shape.partitions > 1, "chaos")
+            res.backlog_left = _backlog(stats)
+            missing = sorted({i for i, _ in want - seen})
+            event(f"NOT drained after {time.monotonic() - t_drain:.0f}s: {res.stranded} expected outputs not seen "
+                  f"(inputs {_ranges([(i, 0) for i in missing], 12) if missing else '-'}), subscription backlog "
+                  f"{res.backlog_left}; consumers: {_consumers(stats)}")
+            # Recover as an operator would: stop everything, start the fleet again, wait for the rest.
+            for _, z in zombies_up:
+                z.stop()
+            zombies_up.clear()
+            for k, pr in enumerate(fleet):
+                if pr.p.poll() is None:
+                    pr.stop()
+                else:
+                    pr.log.close()
+                fleet[k] = start_proc()
+            event(f"stopped every process and restarted the fleet: {', '.join(p.name for p in fleet)} "
+                  f"{progress()}")
+            while not want <= seen and time.monotonic() < deadline:
+                check_fleet()
+                time.sleep(0.5)
+            event(f"after the restart: {len(want - seen)} of the {res.stranded} stranded outputs still not seen")
+        res.timed_out = not want <= seen
         time.sleep(settle_s if settle_s is not None else min(txn_timeout_ms / 1000 + 2, 20))
+        if res.drain_s is not None:
+            note_exits()
         event(f"output complete: {len(seen.copy() & expected)} of {len(expected)} expected seen")
     finally:
         for pr in procs:
@@ -462,11 +678,52 @@ def run_chaos(
     log(res.summary())
     if dups:
         log(f"  duplicated outputs (id, index): {_ranges(dups)}")
+        for line in _who_committed(dups, generator.msg_ids, records, procs):
+            log(f"  {line}")
     return res
 
 
-def _ranges(keys: list[tuple[int, int]]) -> str:
-    """Compact listing of duplicated input ids: ``10075-10099, 11000-11074``."""
+def _who_committed(dups: list[tuple[int, int]], msg_ids: dict[int, str], records: list,
+                   procs: list[_Proc]) -> list[str]:
+    """Which COMMITTED batches list the duplicated inputs, and which process ran them.
+
+    A batch id is ``<job>:<instance>:<seq>``. The process is the one whose log names the instance
+    (a warning names its batch), else the ones started before the instance's first ledger record
+    (the latest first: a guess, marked with ``?``)."""
+    by_msg: dict[str, list[str]] = {}
+    first_ms: dict[str, int] = {}
+    for r in records:
+        inst = r.batch_id.split(":")[1] if r.batch_id.count(":") >= 2 else "?"
+        if r.started_at_ms:
+            first_ms[inst] = min(first_ms.get(inst, r.started_at_ms), r.started_at_ms)
+        if r.kind != "COMMITTED":
+            continue
+        for ids in r.inputs.values():
+            for mid in ids:
+                by_msg.setdefault(mid, []).append(r.batch_id)
+    logs = {}
+    for pr in procs:
+        with contextlib.suppress(OSError):
+            logs[pr.name] = Path(pr.log.name).read_text(errors="replace")
+    batches: Counter[str] = Counter()
+    listed = 0
+    for i in sorted({i for i, _ in dups}):
+        bids = by_msg.get(msg_ids.get(i, "?"), [])
+        listed += bool(bids)
+        batches.update(bids)
+    lines = [f"duplicated inputs listed by COMMITTED ledger records: {listed} of {len({i for i, _ in dups})}"]
+    for bid, cnt in batches.most_common(12):
+        inst = bid.split(":")[1] if bid.count(":") >= 2 else "?"
+        names = [n for n, text in logs.items() if inst in text]
+        if not names and inst in first_ms:
+            before = sorted((p for p in procs if p.started_ms <= first_ms[inst]), key=lambda p: -p.started_ms)
+            names = [f"{p.name}?" for p in before[:2]]
+        lines.append(f"  batch {bid}: {cnt} duplicated inputs; instance {inst} ({', '.join(names) or 'unknown'})")
+    return lines
+
+
+def _ranges(keys: list[tuple[int, int]], limit: int | None = None) -> str:
+    """Compact listing of input ids: ``10075-10099, 11000-11074`` (the first ``limit`` ranges)."""
     ids = sorted({i for i, _ in keys})
     parts: list[str] = []
     start = prev = ids[0]
@@ -477,6 +734,8 @@ def _ranges(keys: list[tuple[int, int]]) -> str:
         parts.append(f"{start}" if start == prev else f"{start}-{prev}")
         if i is not None:
             start = prev = i
+    if limit is not None and len(parts) > limit:
+        return ", ".join(parts[:limit]) + f", ... ({len(parts)} ranges, {len(ids)} ids)"
     return ", ".join(parts)
 
 

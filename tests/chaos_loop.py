@@ -2,10 +2,15 @@
 
     .venv/bin/python tests/chaos_loop.py --runs 20              # all 16 shapes, then again from the first
     .venv/bin/python tests/chaos_loop.py --runs 1 --shapes batched-p1-mod3-dedup-off --broker-kills 0
+    # a fleet of 3 on paced live traffic, a zombie paused 5 s that runs on beside its replacement for 60 s
+    .venv/bin/python tests/chaos_loop.py --runs 16 --instances 3 --backlog 0 --n 20000 --kills 10 \
+        --zombie-pause 5 --zombie-linger 60 --txn-timeout-ms 15000
 
 Each run uses fresh namespaces on one LocalBroker (free ports, its own data dir) that the runs
-restart cleanly and with SIGKILL. One line per run, a summary table at the end; the exit status
-is 1 if any run lost, duplicated or could not account for an output (or did not finish in time).
+restart cleanly and with SIGKILL. One line per run, a summary table at the end (shape, instances,
+faults, confirmed inputs, outputs, lost, duplicated, stranded, seconds to drain); the exit status
+is 1 if any run lost, duplicated, stranded or could not account for an output (or did not finish
+in time). ``--code-dir`` runs the processors from another checkout (e.g. an older commit).
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 from chaos import ALL_SHAPES, ChaosResult, Shape, run_chaos  # noqa: E402
 
-COLUMNS = ("run", "shape", "in", "max_entry", "expected", "out", "lost", "dup", "unexp", "kills", "restarts",
-           "b_kills", "zombies", "skipped", "ledger_ok", "secs", "ok")
+COLUMNS = ("run", "shape", "instances", "in", "max_entry", "expected", "out", "lost", "dup", "unexp", "stranded",
+           "drain_s", "kills", "restarts", "b_kills", "zombies", "skipped", "ledger_ok", "secs", "ok")
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,10 @@ class _Broker:
 def _row(run: int, res: ChaosResult) -> tuple:
     ledger_ok = (res.committed_outputs == res.out and res.committed_inputs == res.sent
                  and res.inputs_committed_twice == 0)
-    return (run, res.shape, res.sent, res.max_entry, res.expected, res.out, res.lost, res.duplicated, res.unexpected,
-            res.kills, res.broker_restarts, res.broker_kills, res.zombies, res.guard_skipped, ledger_ok,
-            round(res.seconds), res.ok)
+    drain = "-" if res.drain_s is None else f"{res.drain_s:.0f}"
+    return (run, res.shape, res.instances, res.sent, res.max_entry, res.expected, res.out, res.lost, res.duplicated,
+            res.unexpected, res.stranded, drain, res.kills, res.broker_restarts, res.broker_kills, res.zombies,
+            res.guard_skipped, ledger_ok, round(res.seconds), res.ok)
 
 
 def _table(rows: list[tuple]) -> str:
@@ -73,12 +79,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--broker-restarts", type=int, default=2, help="clean restarts per run")
     ap.add_argument("--broker-kills", type=int, default=1, help="SIGKILL restarts per run")
     ap.add_argument("--zombies", type=int, default=1)
+    ap.add_argument("--instances", type=int, default=1, help="processors of the job running side by side")
+    ap.add_argument("--zombie-pause", type=float, default=None,
+                    help="seconds a zombie stays paused (default: the transaction timeout + 3)")
+    ap.add_argument("--zombie-linger", type=float, default=None,
+                    help="seconds the resumed zombie runs beside its replacement before SIGTERM "
+                         "(default: SIGKILL 3 s after resuming)")
+    ap.add_argument("--fault-gap", type=float, nargs=2, default=(2.0, 5.0), metavar=("MIN", "MAX"),
+                    help="seconds between two faults (uniform)")
+    ap.add_argument("--drain-limit", type=float, default=120,
+                    help="seconds the fleet, restarted by nothing, has to drain after the last fault")
     ap.add_argument("--batch-max-messages", type=int, default=100)
     ap.add_argument("--txn-timeout-ms", type=int, default=60000)
     ap.add_argument("--time-limit", type=float, default=1800, help="seconds per run")
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--workdir", default=None, help="logs and broker data (default: a new dir in /tmp)")
-    ap.add_argument("--code-dir", default=None, help="run processors from a copy of txn and txn_shell (git archive)")
+    ap.add_argument("--code-dir", default=None,
+                    help="run processors from a copy of txn and txn_shell (a git archive or clone of an older commit)")
     ap.add_argument("--json", default=None, help="write every run's counts to this file")
     args = ap.parse_args(argv)
     shapes = _shapes(args.shapes)
@@ -107,12 +124,15 @@ def main(argv: list[str] | None = None) -> int:
                                 backlog=args.backlog, kills=args.kills, broker_restarts=args.broker_restarts,
                                 broker_kills=args.broker_kills, zombies=args.zombies, seed=args.seed + run,
                                 batch_max_messages=args.batch_max_messages, txn_timeout_ms=args.txn_timeout_ms,
-                                time_limit_s=args.time_limit,
+                                time_limit_s=args.time_limit, instances=args.instances,
+                                zombie_pause_s=args.zombie_pause, zombie_linger_s=args.zombie_linger,
+                                drain_limit_s=args.drain_limit, fault_gap_s=tuple(args.fault_gap),
                                 code_dir=Path(args.code_dir) if args.code_dir else None,
                                 log=lambda m: print(f"  {m}", flush=True))
             except Exception as exc:  # a run that cannot finish is a failed run, the loop goes on
                 traceback.print_exc()
-                res = ChaosResult(shape=shape.name, seconds=time.monotonic() - t0, events=[repr(exc)])
+                res = ChaosResult(shape=shape.name, instances=args.instances, seconds=time.monotonic() - t0,
+                                  events=[repr(exc)])
             failed += not res.ok
             rows.append(_row(run, res))
             results.append({**asdict(res), "run": run, "ok": res.ok, "events": res.events[-50:]})
@@ -123,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         local.stop()
     print("\n" + _table(rows))
     total = {k: sum(r[i] for r in rows) for i, k in enumerate(COLUMNS) if k in
-             ("in", "expected", "out", "lost", "dup", "unexp", "kills", "restarts", "b_kills", "zombies", "skipped")}
+             ("in", "expected", "out", "lost", "dup", "unexp", "stranded", "kills", "restarts", "b_kills", "zombies",
+              "skipped")}
     print(f"\n{len(rows)} run(s), {failed} failed; totals: {total}")
     if failed == 0:
         shutil.rmtree(workdir / "broker", ignore_errors=True)

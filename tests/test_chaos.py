@@ -2,8 +2,11 @@
 
 The short runs are part of the default suite (the original unbatched 1:1 shape, and the shape
 users run: a batched producer, a handler emitting ``id % 3`` outputs, deduplication off on the
-outputs); ``--run-slow`` adds the long run and the whole shape matrix. ``tests/chaos_loop.py``
-runs the matrix in a loop.
+outputs), and so are the two shapes users broke the processor with: a zombie paused a few seconds
+(the broker still counts it as connected) that runs on beside its replacement for a minute, and a
+fleet of 3 instances on a 4-partition input with traffic during the faults, which must also drain
+every input by itself (nothing stranded) once the faults are over. ``--run-slow`` adds the long
+runs and the whole shape matrix. ``tests/chaos_loop.py`` runs the matrix in a loop.
 """
 
 from __future__ import annotations
@@ -32,6 +35,18 @@ def _check(res):
     assert res.inputs_committed_twice == 0, res.summary()
 
 
+def _check_live(res):
+    """Exactly once, and live: the fleet drained every input after the last fault by itself."""
+    _check(res)
+    assert res.stranded == 0, f"{res.summary()}\n" + "\n".join(res.events[-8:])
+    assert res.drain_exits == 0, res.summary()
+    assert res.drain_s is not None and res.drain_s <= res.drain_limit_s, res.summary()
+
+
+#: The shape users run: batched producer, ``id % 3`` outputs, deduplication off on the outputs.
+USERS_P4 = Shape(batched=True, partitions=4, handler="mod3", out_dedup=False)
+
+
 @pytest.mark.timeout(900)
 def test_chaos_short(restartable_broker, tmp_path):
     res = run_chaos(restartable_broker, tmp_path / "chaos", n=2500, rate=150, kills=4, broker_restarts=1, zombies=1,
@@ -53,6 +68,63 @@ def test_chaos_short_batched(restartable_broker, tmp_path):
     assert res.max_entry > 100  # the producer really batched
     assert res.expected == sum(i % 3 for i in range(res.sent)) and res.sent == res.produced
     _check(res)
+
+
+@pytest.mark.timeout(600)
+def test_chaos_short_zombie(restartable_broker, tmp_path):
+    """A zombie paused 5 s (well under the broker's 30 s keep-alive and the 15 s transaction
+    timeout: its connection, its consumer and its open transaction all survive) while a replacement
+    starts, then resumed and left running beside the replacement to the end (at least 60 s before
+    the drain); two kills of the replacement meanwhile. The processors are kept busy (3000 inputs
+    unprocessed, published while the faults go on), so the pause lands in the middle of a batch.
+    Nothing twice, nothing stranded. About 2-3 minutes on 2 cores."""
+    res = run_chaos(restartable_broker, tmp_path / "chaos", shape=USERS_P4, n=150_000, backlog=3000, kills=2,
+                    broker_restarts=0, zombies=1, zombie_pause_s=5, zombie_linger_s=60, fault_gap_s=(5, 10),
+                    txn_timeout_ms=15000, seed=41, drain_limit_s=90, time_limit_s=420)
+    assert (res.kills, res.zombies, res.instances) == (2, 1, 1)
+    assert res.max_entry > 1  # the producer really batched
+    _check_live(res)
+
+
+@pytest.mark.timeout(720)
+def test_chaos_fleet(restartable_broker, tmp_path):
+    """Three instances of one job on one subscription, a 4-partition input published to during the
+    faults (paced by the fleet: about 3000 inputs kept unprocessed, so every instance is in the
+    middle of a batch when a fault hits): SIGKILLs of random instances, a clean broker restart and a
+    broker SIGKILL. Exactly once, and after the last fault the three drain every input by
+    themselves (the broker does not redeliver what it holds for a consumer that stays connected).
+    About 3-4 minutes on 2 cores."""
+    res = run_chaos(restartable_broker, tmp_path / "chaos", shape=USERS_P4, n=300_000, backlog=3000, kills=6,
+                    broker_restarts=1, broker_kills=1, zombies=0, instances=3, fault_gap_s=(4, 8),
+                    txn_timeout_ms=15000, seed=43, drain_limit_s=90, time_limit_s=540)
+    assert (res.kills, res.broker_restarts, res.broker_kills, res.instances) == (6, 1, 1, 3)
+    _check_live(res)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_chaos_zombie_long(restartable_broker, tmp_path):
+    """The zombie shape, longer: a fleet of 2 kept busy (3000 inputs unprocessed), two zombies
+    paused 10 s, each running beside its replacement to the end (at least 90 s), 8 kills and a
+    clean broker restart meanwhile."""
+    res = run_chaos(restartable_broker, tmp_path / "chaos", shape=USERS_P4, n=600_000, backlog=3000, kills=8,
+                    broker_restarts=1, zombies=2, zombie_pause_s=10, zombie_linger_s=90, instances=2,
+                    fault_gap_s=(5, 10), txn_timeout_ms=15000, seed=47, drain_limit_s=120, time_limit_s=1500)
+    assert (res.kills, res.broker_restarts, res.zombies, res.instances) == (8, 1, 2, 2)
+    _check_live(res)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2700)
+def test_chaos_fleet_long(restartable_broker, tmp_path):
+    """The fleet shape, longer, on paced live traffic: 20k inputs spread over 12 kills, 2 clean
+    broker restarts, a broker SIGKILL and a zombie paused 10 s that runs on beside its replacement
+    to the end (at least 60 s)."""
+    res = run_chaos(restartable_broker, tmp_path / "chaos", shape=USERS_P4, n=20000, rate=0, kills=12,
+                    broker_restarts=2, broker_kills=1, zombies=1, zombie_pause_s=10, zombie_linger_s=60,
+                    instances=3, txn_timeout_ms=15000, seed=53, drain_limit_s=120, time_limit_s=2000)
+    assert (res.kills, res.broker_restarts, res.broker_kills, res.zombies, res.instances) == (12, 2, 1, 1, 3)
+    _check_live(res)
 
 
 @pytest.mark.slow
