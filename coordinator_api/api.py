@@ -89,6 +89,8 @@ ReplayIdPath = Annotated[str, Path(description="replay id", min_length=1, max_le
 NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
 LedgerTopic = Annotated[str | None, Query(min_length=1, max_length=512,
                                           description="the batch's ledger topic (needed if the id is in several)")]
+TxnLedgerTopic = Annotated[str | None, Query(min_length=1, max_length=512, description=(
+    "the transaction's ledger topic (needed if the id is in several)"))]
 
 
 async def core(request: Request) -> Core:
@@ -210,10 +212,20 @@ async def transactions_timeseries(
 
 @reads.get("/transactions/{txn_id}", response_model=TransactionDetail,
            responses={**AUTH_ERRORS, **NOT_FOUND, **BAD_ID, 503: {"model": Error}})
-async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> dict[str, Any]:
-    """A transaction: its ledger record(s) and, while it is live, the coordinator's metadata."""
+async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core), ledger_topic: TxnLedgerTopic = None,
+                          ) -> dict[str, Any]:
+    """A transaction: its ledger record(s) and, while it is live, the coordinator's metadata.
+
+    Transactions are keyed by (ledger topic, transaction id): an id found in several ledger topics
+    needs ``ledger_topic`` (409 otherwise, listing them)."""
     tid = parse_txn_id(txn_id)
-    row, recs = await asyncio.to_thread(queries.transaction_detail, c.reader, tid)
+    rows = await asyncio.to_thread(queries.transaction_detail, c.reader, tid, ledger_topic)
+    if len(rows) > 1:
+        topics = ", ".join(r["ledger_topic"] for r in rows)
+        raise HTTPException(409, f"transaction {tid} is in several ledger topics ({topics}): "
+                                 "name one with ?ledger_topic=")
+    row = rows[0] if rows else None
+    recs = row.pop("records", []) if row is not None else []
     live = None
     if row is None or row["state"] == "OPEN":
         meta = await _live(c, c.live.txn_metadata, tid)
@@ -241,10 +253,12 @@ async def abort_transaction(txn_id: TxnIdPath, c: Core = Depends(core)) -> Abort
     tid = parse_txn_id(txn_id)
     meta = await _live(c, c.live.txn_metadata, tid)
     if meta is None:
-        row = await asyncio.to_thread(queries.get_transaction, c.reader, tid)
-        if row is None:
+        rows = await asyncio.to_thread(queries.get_transactions, c.reader, tid)
+        if not rows:
             raise HTTPException(404, f"transaction {tid} is not known to its coordinator nor in the ledger")
-        raise HTTPException(409, f"transaction {tid} has already ended ({row['state']} in the ledger)")
+        states = f"{rows[0]['state']} in the ledger" if len(rows) == 1 else \
+            ", ".join(f"{r['state']} in {r['ledger_topic']}" for r in rows)
+        raise HTTPException(409, f"transaction {tid} has already ended ({states})")
     if meta["status"] not in ("OPEN", None):
         raise HTTPException(409, f"transaction {tid} is {meta['status']}, not OPEN")
     try:

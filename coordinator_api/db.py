@@ -5,12 +5,16 @@ projection inserts with "on conflict do nothing", so reading a record twice chan
 ``batches`` and ``transactions`` are recomputed from the stored records of the batches and
 transactions a chunk touched, so they never count anything twice either.
 ``projection_positions`` is updated in the same database transaction as the records.
-``batches`` and ``replays`` are keyed by (ledger topic, batch id): a record in one ledger topic
-never changes a batch of another. ``quarantine`` keeps the messages of a ledger topic that are
-not valid records (or could not be stored), raw and bounded, with the reason.
+``batches`` and ``replays`` are keyed by (ledger topic, batch id), ``transactions`` and
+``txn_resolutions`` by (ledger topic, transaction id): a record in one ledger topic never changes
+a batch or a transaction of another (transaction ids are predictable: anyone who can write a
+ledger topic can write records naming the ids another job will get). ``quarantine`` keeps the
+messages of a ledger topic that are not valid records (or could not be stored), raw and bounded,
+with the reason.
 
 Databases made by older versions are upgraded at start-up (:func:`coordinator_api.engine.upgrade`): missing indexes are
-created, ``batches`` (derived from ``ledger_records``) is rebuilt with its new key, and
+created, ``batches`` and ``transactions`` (derived from ``ledger_records``) are rebuilt with their new keys,
+``txn_resolutions`` is copied with the ledger topic of its transaction, and
 ``replays`` is copied into its new shape. Start one replica first after an upgrade.
 """
 
@@ -38,6 +42,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex
 
 metadata = MetaData()
+
+#: The largest count (a batch's inputs or outputs) the control plane stores: what an ``Integer``
+#: column holds on every database. A record claiming more is quarantined, so a column never
+#: refuses a count and a sum over fewer than 2^32 rows never leaves 64 bits.
+MAX_COUNT = 2**31 - 1
 
 ledger_records = Table(
     "ledger_records", metadata,
@@ -90,6 +99,7 @@ Index("ix_batches_status_started", batches.c.status, batches.c.started_at_ms, ba
 
 transactions = Table(
     "transactions", metadata,
+    Column("ledger_topic", String(512), primary_key=True),
     Column("txn_id", String(64), primary_key=True),
     Column("job", String(256), nullable=False),
     Column("batch_id", String(512), nullable=False),
@@ -99,8 +109,8 @@ transactions = Table(
     Column("ended_at_ms", BigInteger),
     Column("duration_ms", BigInteger),
     Column("error", Text),
-    Column("ledger_topic", String(512), nullable=False),
 )
+Index("ix_txns_id", transactions.c.txn_id)
 Index("ix_txns_state", transactions.c.state)
 Index("ix_txns_started", transactions.c.started_at_ms)
 # Pages filtered by job and/or state, newest first; a job's latest commit latencies (covering);
@@ -112,9 +122,11 @@ Index("ix_txns_state_started", transactions.c.state, transactions.c.started_at_m
 Index("ix_txns_state_ended", transactions.c.state, transactions.c.ended_at_ms, transactions.c.duration_ms)
 
 #: Transactions the ledger shows open but the coordinator no longer knows (timed out, or the
-#: owner died): the reconciler's verdict, which a later COMMITTED record overrides.
+#: owner died): the reconciler's verdict, which a later COMMITTED record overrides. Keyed like
+#: ``transactions``: a verdict on one ledger topic's row never touches another's.
 txn_resolutions = Table(
     "txn_resolutions", metadata,
+    Column("ledger_topic", String(512), primary_key=True),
     Column("txn_id", String(64), primary_key=True),
     Column("state", String(16), nullable=False),
     Column("reason", Text, nullable=False),

@@ -41,7 +41,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, case, func, select
+from sqlalchemy import Engine, Float, case, cast, func, select
 
 from txn.delivery.ledger import KINDS, Kind
 from txn.delivery.processor.metrics import BacklogProbe
@@ -73,7 +73,9 @@ _bucket = case(*((_t.c.duration_ms <= b * 1000, i) for i, b in enumerate(LATENCY
                else_=len(LATENCY_BOUNDS_S)).label("bucket")
 _lat = select(_t.c.job, _bucket, _t.c.duration_ms).where(_t.c.state == "COMMITTED",
                                                          _t.c.duration_ms.is_not(None)).subquery()
-_LATENCY_BY_JOB = select(_lat.c.job, _lat.c.bucket, func.count(), func.sum(_lat.c.duration_ms)).group_by(
+#: Durations are summed as floating point: a record may claim a duration near 2^63 ms, and an
+#: integer sum of two of them would overflow (the histogram's sum is in seconds, a float anyway).
+_LATENCY_BY_JOB = select(_lat.c.job, _lat.c.bucket, func.count(), func.sum(cast(_lat.c.duration_ms, Float))).group_by(
     _lat.c.job, _lat.c.bucket)
 _LATEST_STARTED = (select(_r.c.job, func.max(_r.c.id)).where(_r.c.kind == Kind.STARTED.value).group_by(_r.c.job)
                    .limit(MAX_BACKLOG_JOBS))
@@ -190,13 +192,13 @@ class StateCollector(Collector):
         yield from (g, msgs, outs, last_ts, since)
         h = HistogramMetricFamily(f"{PREFIX}_commit_latency_seconds",
                                   "Open-to-commit time of committed transactions", labels=["job"])
-        lat: dict[str, tuple[list[int], list[int]]] = {}
+        lat: dict[str, tuple[list[int], list[float]]] = {}
         for j, bucket, n, total_ms in latency:
-            per_bucket, total = lat.setdefault(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0]))
+            per_bucket, total = lat.setdefault(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0.0]))
             per_bucket[int(bucket)] += int(n)
-            total[0] += int(total_ms or 0)
+            total[0] += float(total_ms or 0)
         for j in jobs:
-            per_bucket, total = lat.get(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0]))
+            per_bucket, total = lat.get(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0.0]))
             cum, acc = [], 0
             for b, k in zip(LATENCY_BOUNDS_S, per_bucket, strict=False):
                 acc += k

@@ -8,8 +8,9 @@ chunks re-reads at most the last chunk, and re-reading changes nothing.
 
 A message that is not a valid record (:meth:`LedgerRecord.from_json` checks types and bounds,
 and size and nesting before parsing), or a record the database refuses, is quarantined: kept
-raw (bounded) with the reason in ``quarantine``, and the projection moves past it. A batch's or a
-transaction's row is computed from the records of its own ledger topic only.
+raw (bounded) with the reason in ``quarantine``, and the projection moves past it. Batches and
+transactions are keyed by (ledger topic, id): a row is computed from the records of its own ledger
+topic only, and no record of another ledger topic can change it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,20 @@ def _quarantine_row(topic: str, e: Entry, reason: str) -> dict[str, Any]:
             "size": len(e.raw), "raw": e.raw[:db.QUARANTINE_RAW_BYTES], "quarantined_at_ms": now_ms()}
 
 
+def column_fault(rec: LedgerRecord) -> str | None:
+    """Why the control plane cannot store ``rec`` (a count its columns do not hold), or None.
+
+    The record model allows counts up to 2^63-1 per topic; the control plane counts at most
+    :data:`db.MAX_COUNT` inputs and outputs per record."""
+    outputs = sum(rec.outputs.values())
+    if outputs > db.MAX_COUNT:
+        return f"field 'outputs' sums to {outputs}; the control plane counts at most {db.MAX_COUNT} per record"
+    inputs = rec.input_count
+    if inputs > db.MAX_COUNT:
+        return f"the record covers {inputs} inputs; the control plane counts at most {db.MAX_COUNT} per record"
+    return None
+
+
 def is_record_fault(exc: BaseException) -> bool:
     """Whether the database refused a record for what it holds (too long, out of range, bad
     text...), as opposed to being unreachable or busy."""
@@ -99,8 +114,9 @@ def _apply(engine: Engine, topic: str, entries: list[Entry], refused: dict[int, 
     ``refused``: index -> reason), the rows they touch and the new position."""
     rows, bad = [], []
     for i, e in enumerate(entries):
-        if e.record is None or i in refused:
-            bad.append(_quarantine_row(topic, e, e.reason or refused[i]))
+        fault = refused.get(i) or (e.reason if e.record is None else column_fault(e.record))
+        if fault is not None or e.record is None:
+            bad.append(_quarantine_row(topic, e, fault or "unreadable record"))
         else:
             rows.append(_record_row(topic, e))
     last = entries[-1].msg_id
@@ -171,8 +187,8 @@ def is_stream_placeholder(rec: LedgerRecord) -> bool:
 def recompute(conn: Connection, topic: str, batch_ids: Iterable[str], txn_ids: Iterable[str]) -> None:
     """Rebuild the ``batches`` and ``transactions`` rows of the given ids from the records of ``topic``.
 
-    A transaction's row belongs to the ledger topic that first showed it: records in another
-    ledger topic with the same transaction id do not change it."""
+    Both are keyed by (ledger topic, id): records in another ledger topic with the same batch or
+    transaction id have rows of their own and never change these."""
     by_batch = _records_by(conn, db.ledger_records.c.batch_id, set(batch_ids), topic)
     batch_rows = []
     for batch_id in sorted(by_batch):
@@ -180,19 +196,17 @@ def recompute(conn: Connection, topic: str, batch_ids: Iterable[str], txn_ids: I
         if recs:
             batch_rows.append(_batch_row(topic, recs))
     db.upsert(conn, db.batches, batch_rows, ["ledger_topic", "batch_id"])
-    tids = set(txn_ids)
+    tids = sorted(set(txn_ids))
     if not tids:
         return
-    t = db.transactions
-    others = set(conn.execute(select(t.c.txn_id).where(t.c.txn_id.in_(sorted(tids)))
-                              .where(t.c.ledger_topic != topic)).scalars().all())
-    tids -= others
-    by_txn = _records_by(conn, db.ledger_records.c.txn_id, tids, topic)
+    by_txn = _records_by(conn, db.ledger_records.c.txn_id, set(tids), topic)
     res = db.txn_resolutions
-    resolutions = {r.txn_id: r for r in conn.execute(select(res).where(res.c.txn_id.in_(sorted(tids)))).all()} \
-        if tids else {}
+    resolutions = {}
+    for i in range(0, len(tids), 500):  # bounded IN lists
+        resolutions.update({r.txn_id: r for r in conn.execute(
+            select(res).where(res.c.ledger_topic == topic).where(res.c.txn_id.in_(tids[i:i + 500]))).all()})
     db.upsert(conn, db.transactions, [_txn_row(topic, by_txn[t], resolutions.get(t)) for t in sorted(by_txn)],
-              ["txn_id"])
+              ["ledger_topic", "txn_id"])
 
 
 def rebuild_batches(conn: Connection) -> int:
@@ -202,6 +216,17 @@ def rebuild_batches(conn: Connection) -> int:
     for topic in topics:
         ids = set(conn.execute(select(t.c.batch_id).where(t.c.topic == topic).distinct()).scalars().all())
         recompute(conn, topic, ids, [])
+    return len(topics)
+
+
+def rebuild_transactions(conn: Connection) -> int:
+    """Recompute every ``transactions`` row from the stored records (schema upgrade); returns how many topics."""
+    t = db.ledger_records
+    topics = conn.execute(select(t.c.topic).distinct()).scalars().all()
+    for topic in topics:
+        ids = set(conn.execute(select(t.c.txn_id).where(t.c.topic == topic).where(t.c.txn_id.is_not(None))
+                               .distinct()).scalars().all())
+        recompute(conn, topic, [], ids)
     return len(topics)
 
 
@@ -229,7 +254,7 @@ def _batch_row(topic: str, recs: list[tuple[LedgerRecord, Any]]) -> dict[str, An
     return {
         "batch_id": decider.batch_id, "job": decider.job, "status": decider.kind,
         "attempts": max(r.attempt for r in records), "txn_id": decider.txn_id,
-        "inputs": decider.input_count, "outputs": outputs,
+        "inputs": min(decider.input_count, db.MAX_COUNT), "outputs": min(outputs, db.MAX_COUNT),
         "started_at_ms": started, "ended_at_ms": ended,
         "duration_ms": None if ended is None else max(0, ended - started),
         "error": errors[-1] if errors else None, "ledger_topic": topic, "parked_topic": parked,
@@ -378,10 +403,10 @@ class Projector:
                 continue
             with self.engine.begin() as conn:
                 db.upsert(conn, db.txn_resolutions, [{
-                    "txn_id": txn_id, "state": "ABORTED", "resolved_at_ms": now_ms(),
+                    "ledger_topic": topic, "txn_id": txn_id, "state": "ABORTED", "resolved_at_ms": now_ms(),
                     "reason": "the coordinator no longer knows this transaction and no COMMITTED record exists: "
                               "it timed out or its owner aborted it without writing an ABORTED record",
-                }], ["txn_id"])
+                }], ["ledger_topic", "txn_id"])
                 recompute(conn, topic, [], [txn_id])
             n += 1
         return n

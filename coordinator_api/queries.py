@@ -13,7 +13,7 @@ import json
 from functools import cache, lru_cache
 from typing import Any
 
-from sqlalchemy import Engine, Integer, Select, bindparam, case, func, literal_column, select, union_all
+from sqlalchemy import Engine, Float, Integer, Select, bindparam, case, cast, func, literal_column, select, union_all
 from sqlalchemy.engine import Connection
 
 from txn.delivery.ledger import Kind
@@ -77,23 +77,32 @@ def list_transactions(engine: Engine, state: str | None, job: str | None, since_
         return _page(conn, "transactions", filters, limit, offset)
 
 
-_TXN_BY_ID = select(_t).where(_t.c.txn_id == bindparam("txn_id"))
+#: A transaction id's rows (one per ledger topic holding it, ordered by topic, as for batches), and
+#: the row of one (ledger topic, transaction id).
+_TXNS_BY_ID = select(_t).where(_t.c.txn_id == bindparam("txn_id")).order_by(_t.c.ledger_topic).limit(20)
+_TXN_BY_KEY = _TXNS_BY_ID.where(_t.c.ledger_topic == bindparam("ledger_topic"))
 #: A batch id's rows (one per ledger topic holding it; ordered, so an ambiguous id lists its topics
 #: the same way every time), and the row of one (ledger topic, batch id).
 _BATCHES_BY_ID = select(_b).where(_b.c.batch_id == bindparam("batch_id")).order_by(_b.c.ledger_topic).limit(20)
 _BATCH_BY_KEY = _BATCHES_BY_ID.where(_b.c.ledger_topic == bindparam("ledger_topic"))
 _RECORDS = {"txn_id": select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c.txn_id == bindparam("id"))
-            .order_by(_r.c.id),
+            .where(_r.c.topic == bindparam("topic")).order_by(_r.c.id),
             "batch_id": select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c.batch_id == bindparam("id"))
             .where(_r.c.topic == bindparam("topic")).order_by(_r.c.id)}
 _REPLAYS_OF = select(_rep).where(_rep.c.batch_id.in_(bindparam("ids", expanding=True)))
 _REPLAY_FIELDS = [c.name for c in _rep.columns if c.name != "resumes"]
 
 
-def get_transaction(engine: Engine, txn_id: str) -> dict[str, Any] | None:
-    """One transaction row."""
+def _txns(conn: Connection, txn_id: str, ledger_topic: str | None) -> list[dict[str, Any]]:
+    if ledger_topic is None:
+        return _dicts(conn.execute(_TXNS_BY_ID, {"txn_id": txn_id}))
+    return _dicts(conn.execute(_TXN_BY_KEY, {"txn_id": txn_id, "ledger_topic": ledger_topic}))
+
+
+def get_transactions(engine: Engine, txn_id: str, ledger_topic: str | None = None) -> list[dict[str, Any]]:
+    """The rows of ``txn_id`` (in ``ledger_topic``, or in every ledger topic, up to 20)."""
     with engine.connect() as conn:
-        return _one(conn.execute(_TXN_BY_ID, {"txn_id": txn_id}))
+        return _txns(conn, txn_id, ledger_topic)
 
 
 def _records(conn: Connection, column: str, value: str, topic: str | None = None) -> list[dict[str, Any]]:
@@ -108,10 +117,14 @@ def _records(conn: Connection, column: str, value: str, topic: str | None = None
     return out
 
 
-def transaction_detail(engine: Engine, txn_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """One transaction row (or None) and its ledger records, oldest first."""
+def transaction_detail(engine: Engine, txn_id: str, ledger_topic: str | None = None) -> list[dict[str, Any]]:
+    """:func:`get_transactions`; if there is exactly one row, with its ledger records (``records``,
+    oldest first, of its own ledger topic)."""
     with engine.connect() as conn:
-        return _one(conn.execute(_TXN_BY_ID, {"txn_id": txn_id})), _records(conn, "txn_id", txn_id)
+        rows = _txns(conn, txn_id, ledger_topic)
+        for row in rows[:1] if len(rows) == 1 else []:
+            row["records"] = _records(conn, "txn_id", txn_id, row["ledger_topic"])
+    return rows
 
 
 def _with_replays(conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -324,7 +337,8 @@ def _histogram_statement(bounds_ms: tuple[float, ...]) -> Select[Any]:
     bucket = case(*((_t.c.duration_ms <= b, i) for i, b in enumerate(bounds_ms)), else_=len(bounds_ms))
     sub = (select(bucket.label("bucket"), _t.c.duration_ms)
            .where(_t.c.state == "COMMITTED", _t.c.duration_ms.is_not(None)).subquery())
-    return select(sub.c.bucket, func.count(), func.sum(sub.c.duration_ms)).group_by(sub.c.bucket)
+    # Summed as floating point: two durations near 2^63 ms (a record may claim one) overflow an integer sum.
+    return select(sub.c.bucket, func.count(), func.sum(cast(sub.c.duration_ms, Float))).group_by(sub.c.bucket)
 
 
 def latency_histogram(conn: Connection, bounds_ms: list[float]) -> tuple[list[int], int, int]:

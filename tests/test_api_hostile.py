@@ -254,8 +254,11 @@ def test_batches_are_keyed_by_ledger_topic(broker: Any, tmp_path: Path, db_url: 
             ("PARKED", b, ["PARKED"])
         assert server.get(f"/batches/{bid}x?ledger_topic={quote(a, safe='')}")["status"] == "ABORTED"
         assert server.get(f"/batches?job={job}")["total"] == 4
-        t = server.get(f"/transactions/{tid}")["ledger"]
+        t = server.get(f"/transactions/{tid}?ledger_topic={quote(a, safe='')}")["ledger"]
         assert (t["state"], t["ledger_topic"], t["error"]) == ("ABORTED", a, "boom")
+        t = server.get(f"/transactions/{tid}?ledger_topic={quote(b, safe='')}")["ledger"]  # B's own row
+        assert (t["state"], t["ledger_topic"]) == ("COMMITTED", b)
+        assert server.request("GET", f"/transactions/{tid}")[0] == 409  # in both: name one
         status, body = server.request("POST", f"/batches/{bid}/replay?ledger_topic={quote(a, safe='')}", token=TOKEN)
         assert status == 409 and body["detail"].startswith(f"batch {bid} is COMMITTED"), body
     finally:

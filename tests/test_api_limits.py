@@ -1,0 +1,171 @@
+"""The control plane against records and handlers that try to exhaust, mislead or stall it (issue
+"No record and no handler can exhaust, mislead or stall the control plane or the processor").
+
+Each test is one of the issue's items, on the real broker and real databases (SQLite and
+PostgreSQL): another ledger topic cannot take over a transaction (2), counts cannot overflow an
+aggregate (4), a loopback bind of any 127/8 address checks the Host header (9), the dashboard's
+headers and the server's timeouts (10), a handler cannot stall or flood the API during a replay
+(5), records cannot make /metrics slow (8), compressed giant records cannot exhaust its memory (1).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, Text, create_engine, inspect, select, text
+from test_api_hostile import db_url, empty_db_url, fresh_namespace, projected, send, wait_projected
+
+from coordinator_api import db
+from coordinator_api.engine import make_engine
+from txn.delivery.ledger import LedgerRecord, default_ledger_topic
+
+from api_server import ApiServer
+
+__all__ = ["db_url", "empty_db_url"]  # the fixtures, shared with test_api_hostile
+
+
+# ------------------------------------------------------------------------------------------ item 2
+
+
+def test_another_ledger_cannot_take_over_a_transaction(broker: Any, tmp_path: Path, db_url: str) -> None:
+    """An attacker writes ABORTED records for the next 300 transaction ids (they are predictable)
+    into a ledger topic of its own, projected before the victim's; the victim job's 4 commits
+    with 4 of those ids still show COMMITTED and job ``victim``, and the attacker's rows stay in its
+    ledger topic."""
+    victim_ledger, evil_ledger = (default_ledger_topic(f"persistent://{fresh_namespace(broker)}/x")
+                                  for _ in range(2))
+    tag = uuid.uuid4().hex[:8]
+    victim, evil = f"victim-{tag}", f"evil-{tag}"
+    base = 9_000_000 + int(tag[:4], 16) * 1000
+    planted = [LedgerRecord(kind="ABORTED", job=evil, batch_id=f"{evil}:{i}", txn_id=f"(0,{base + i})", attempt=1,
+                            inputs={}, started_at_ms=1000, ended_at_ms=1001, error="planted")
+               for i in range(300)]
+    real = []
+    for i in (3, 50, 120, 299):
+        common = {"job": victim, "batch_id": f"{victim}:{i}", "txn_id": f"(0,{base + i})", "attempt": 1,
+                  "inputs": {"in": [f"(1,{i},-1,-1)"]}, "started_at_ms": 5000 + i}
+        real += [LedgerRecord(kind="STARTED", **common),
+                 LedgerRecord(kind="COMMITTED", outputs={"out": 1}, ended_at_ms=5100 + i, **common)]
+    send(broker, evil_ledger, [(r.batch_id, r.to_json()) for r in planted])
+    send(broker, victim_ledger, [(r.batch_id, r.to_json()) for r in real])
+    server = ApiServer(broker, db_url, tmp_path / "api.log", ledger_topics=[evil_ledger]).start()
+    try:  # the attacker's ledger first: its rows exist before the victim's records arrive
+        wait_projected(server, evil_ledger, len(planted))
+    finally:
+        server.stop()
+    server = ApiServer(broker, db_url, tmp_path / "api.log", ledger_topics=[evil_ledger, victim_ledger]).start()
+    try:
+        wait_projected(server, victim_ledger, len(real))
+        mine = server.get(f"/transactions?job={victim}")
+        assert (mine["total"], sorted({(t["state"], t["ledger_topic"]) for t in mine["items"]})) == \
+            (4, [("COMMITTED", victim_ledger)]), mine
+        tid = f"(0,{base + 50})"
+        status, body = server.request("GET", f"/transactions/{tid}")
+        both = ", ".join(sorted([victim_ledger, evil_ledger]))
+        assert (status, body["detail"]) == (409, f"transaction {tid} is in several ledger topics ({both}): "
+                                                 "name one with ?ledger_topic="), body
+        got = server.get(f"/transactions/{tid}?ledger_topic={quote(victim_ledger, safe='')}")
+        assert (got["ledger"]["state"], got["ledger"]["job"], [r["kind"] for r in got["records"]]) == \
+            ("COMMITTED", victim, ["STARTED", "COMMITTED"]), got
+        theirs = server.get(f"/transactions/{tid}?ledger_topic={quote(evil_ledger, safe='')}")
+        assert (theirs["ledger"]["state"], theirs["ledger"]["job"], [r["kind"] for r in theirs["records"]]) == \
+            ("ABORTED", evil, ["ABORTED"]), theirs
+        assert server.get(f"/transactions?job={evil}")["total"] == 300
+        jobs = {j["job"]: j for j in server.get("/jobs")}
+        assert jobs[victim]["batches"] == {"COMMITTED": 4}
+    finally:
+        server.stop()
+
+
+def test_an_old_transactions_table_is_upgraded(empty_db_url: str) -> None:
+    """A database of the previous version (``transactions`` and ``txn_resolutions`` keyed by the
+    transaction id alone) gets the (ledger topic, transaction id) key: rows rebuilt from the
+    records, one per ledger topic, the reconciler's verdict kept on its transaction's topic."""
+    md = MetaData()
+    Table("transactions", md, Column("txn_id", String(64), primary_key=True), Column("job", String(256)),
+          Column("batch_id", String(512)), Column("attempt", Integer), Column("state", String(16)),
+          Column("started_at_ms", BigInteger), Column("ended_at_ms", BigInteger), Column("duration_ms", BigInteger),
+          Column("error", Text), Column("ledger_topic", String(512), nullable=False))
+    Table("txn_resolutions", md, Column("txn_id", String(64), primary_key=True),
+          Column("state", String(16), nullable=False), Column("reason", Text, nullable=False),
+          Column("resolved_at_ms", BigInteger, nullable=False))
+    db.ledger_records.to_metadata(md)
+    engine = create_engine(empty_db_url)
+    md.create_all(engine)
+    a, b = "persistent://a/b/pulsar-txn-ledger", "persistent://c/d/pulsar-txn-ledger"
+    recs = [(a, LedgerRecord(kind="ABORTED", job="evil", batch_id="e:1", txn_id="(0,1)", attempt=1, inputs={},
+                             started_at_ms=10, ended_at_ms=11, error="planted")),
+            (b, LedgerRecord(kind="COMMITTED", job="victim", batch_id="v:1", txn_id="(0,1)", attempt=1, inputs={},
+                             started_at_ms=20, ended_at_ms=30)),
+            (b, LedgerRecord(kind="STARTED", job="victim", batch_id="v:2", txn_id="(0,2)", attempt=1, inputs={},
+                             started_at_ms=40))]
+    with engine.begin() as conn:
+        for i, (topic, r) in enumerate(recs):
+            conn.execute(db.ledger_records.insert().values(
+                topic=topic, msg_ledger=1, msg_entry=i, msg_partition=-1, msg_batch=-1, kind=r.kind, job=r.job,
+                batch_id=r.batch_id, txn_id=r.txn_id, attempt=r.attempt, started_at_ms=r.started_at_ms,
+                ended_at_ms=r.ended_at_ms, publish_ms=1, error=r.error, record=r.to_json().decode()))
+        conn.execute(text("INSERT INTO transactions (txn_id, job, batch_id, attempt, state, started_at_ms, "
+                          f"ledger_topic) VALUES ('(0,1)', 'evil', 'e:1', 1, 'ABORTED', 10, '{a}'), "
+                          f"('(0,2)', 'victim', 'v:2', 1, 'ABORTED', 40, '{b}')"))
+        conn.execute(text("INSERT INTO txn_resolutions (txn_id, state, reason, resolved_at_ms) "
+                          "VALUES ('(0,2)', 'ABORTED', 'gone', 50)"))
+    engine.dispose()
+    engine = make_engine(empty_db_url)
+    try:
+        insp = inspect(engine)
+        assert set(insp.get_pk_constraint("transactions")["constrained_columns"]) == {"ledger_topic", "txn_id"}
+        assert set(insp.get_pk_constraint("txn_resolutions")["constrained_columns"]) == {"ledger_topic", "txn_id"}
+        t = db.transactions
+        with engine.connect() as conn:
+            rows = conn.execute(select(t.c.ledger_topic, t.c.txn_id, t.c.state, t.c.job, t.c.error)
+                                .order_by(t.c.ledger_topic, t.c.txn_id)).all()
+        assert [tuple(r) for r in rows] == [(a, "(0,1)", "ABORTED", "evil", "planted"),
+                                            (b, "(0,1)", "COMMITTED", "victim", None),
+                                            (b, "(0,2)", "ABORTED", "victim", "gone")]
+    finally:
+        engine.dispose()
+    make_engine(empty_db_url).dispose()  # a second start changes nothing
+
+
+# ------------------------------------------------------------------------------------------ item 4
+
+
+def test_counts_cannot_overflow_an_aggregate(broker: Any, tmp_path: Path, db_url: str) -> None:
+    """Two COMMITTED batches claiming 2^62 outputs, and two transactions lasting 2^62 ms: /jobs,
+    /jobs/{job} and /metrics still answer (the counts are bounded where they are stored, and no
+    sum can overflow); the records are quarantined with the reason, the sane batch is counted."""
+    ledger = default_ledger_topic(f"persistent://{fresh_namespace(broker)}/x")
+    job = f"big-{uuid.uuid4().hex[:8]}"
+    recs = [LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:{i}", txn_id=f"(0,{i})", attempt=1,
+                         inputs={"in": [f"(1,{i},-1,-1)"]}, outputs={"out": 2**62}, started_at_ms=1000,
+                         ended_at_ms=2000) for i in (1, 2)]
+    recs += [LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:{i}", txn_id=f"(0,{i})", attempt=1,
+                          inputs={"in": [f"(1,{i},-1,-1)"]}, outputs={"out": 2}, started_at_ms=1,
+                          ended_at_ms=2**62 + i) for i in (3, 4)]
+    recs.append(LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:5", txn_id="(0,5)", attempt=1,
+                             inputs={"in": ["(1,5,-1,-1)"]}, outputs={"out": 3}, started_at_ms=1000, ended_at_ms=1010))
+    send(broker, ledger, [(r.batch_id, r.to_json()) for r in recs])
+    server = ApiServer(broker, db_url, tmp_path / "api.log", ledger_topics=[ledger]).start()
+    try:
+        server.wait_for(lambda: (p := projected(server, ledger)) is not None
+                        and p["records"] + p["quarantined"] == len(recs), timeout=90)
+        status, jobs = server.request("GET", "/jobs")
+        assert status == 200, jobs
+        mine = next(j for j in jobs if j["job"] == job)
+        assert (mine["total_batches"], mine["outputs_committed"], mine["inputs_committed"]) == (3, 7, 3), mine
+        status, one = server.request("GET", f"/jobs/{job}")
+        assert (status, one["outputs_committed"]) == (200, 7), one
+        status, text = server.request("GET", "/metrics")
+        assert status == 200, text
+        assert f'pulsartxn_committed_outputs_total{{job="{job}"}} 7.0' in text.splitlines()
+        assert (projected(server, ledger)["records"], projected(server, ledger)["quarantined"]) == (3, 2)  # type: ignore[index]
+        q = server.get(f"/quarantine?topic={quote(ledger, safe='')}")
+        assert sorted(i["reason"] for i in q["items"]) == \
+            ["field 'outputs' sums to 4611686018427387904; the control plane counts at most 2147483647 per record"] \
+            * 2, q
+    finally:
+        server.stop()
