@@ -10,7 +10,14 @@ headers and the server's timeouts (10), a handler cannot stall or flood the API 
 
 from __future__ import annotations
 
+import http.client
+import os
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -21,8 +28,9 @@ from test_api_hostile import db_url, empty_db_url, fresh_namespace, projected, s
 from coordinator_api import db
 from coordinator_api.engine import make_engine
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
+from txn_shell.localbroker import free_port
 
-from api_server import ApiServer
+from api_server import ROOT, ApiServer
 
 __all__ = ["db_url", "empty_db_url"]  # the fixtures, shared with test_api_hostile
 
@@ -169,3 +177,57 @@ def test_counts_cannot_overflow_an_aggregate(broker: Any, tmp_path: Path, db_url
             * 2, q
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------------------------------ item 9
+
+
+def _status_at(addr: str, port: int, host: str, path: str = "/livez") -> int:
+    conn = http.client.HTTPConnection(addr, port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@contextmanager
+def cli_api(broker: Any, tmp_path: Path, host: str, *args: str) -> Iterator[int]:
+    """``pulsar-txn api --host HOST ARGS`` (no projection), until it answers on ``host``; yields the port."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSAR_TXN_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "txn_shell.cli", "api", "--host", host, "--port", str(port),
+         "--service-url", broker.service_url, "--admin-url", broker.admin_url,
+         "--database-url", f"sqlite:///{tmp_path}/cli-{uuid.uuid4().hex[:6]}.db", "--log-level", "warning", *args],
+        cwd=ROOT, env={**env, "PULSAR_TXN_PROJECT": "false"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _status_at(host, port, host)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "pulsar-txn api did not come up"
+                time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_any_loopback_bind_checks_the_host_header(broker: Any, tmp_path: Path) -> None:
+    """``pulsar-txn api --host 127.0.0.2`` (any address of 127.0.0.0/8) refuses a request whose Host
+    header names another site (DNS rebinding: a page of attacker.example whose name now resolves to
+    127.0.0.2) and answers its own address and the loopback names."""
+    from txn_shell.cli_api import is_loopback
+
+    assert [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "127.255.255.254", "::1", "[::1]", "localhost",
+                                     "::ffff:127.0.0.9")] == [True] * 7
+    assert [is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "example.com", "")] == [False] * 6
+    for addr in ("127.0.0.2", "127.3.4.5"):
+        with cli_api(broker, tmp_path, addr) as port:
+            got = {h: _status_at(addr, port, h) for h in (addr, f"{addr}:{port}", "localhost", "attacker.example",
+                                                          f"attacker.example:{port}")}
+            assert got == {addr: 200, f"{addr}:{port}": 200, "localhost": 200, "attacker.example": 400,
+                           f"attacker.example:{port}": 400}, got

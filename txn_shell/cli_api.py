@@ -7,19 +7,23 @@
 
 The client commands need only the standard library; they talk to ``--api-url`` (default
 ``$PULSAR_TXN_API_URL`` or http://127.0.0.1:8000) with ``--token`` (default
-``$PULSAR_TXN_API_TOKEN``) as the bearer token. Tables for people, ``--json`` for scripts.
+``$PULSAR_TXN_API_TOKEN``) as the bearer token. Tables for people, ``--json`` for scripts. Every
+field is printed with its control characters escaped (:func:`escape`): records are written by
+whoever can produce to a ledger topic, and must not drive the terminal.
 Exit status: 0 done, 1 the API refused or is unreachable (or a replay failed), 2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import re
 import signal
 import sys
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -148,8 +152,34 @@ def fmt_ms(ms: float | None) -> str:
     return f"{ms:.0f} ms" if isinstance(ms, float) else f"{ms} ms"
 
 
+#: Characters never printed raw: C0 and C1 controls and DEL (ESC starts the terminal's escape
+#: sequences: colours, cursor moves, the window title), format characters (bidirectional
+#: overrides that reorder what is shown), and the Unicode line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(c: str) -> str:
+    if c in _SHORT:
+        return _SHORT[c]
+    if unicodedata.category(c) not in _UNSAFE_CATEGORIES:
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def escape(value: Any) -> str:
+    """``str(value)`` with every control character written as an escape (``\\x1b``, ``\\n``,
+    ``\\u202e``...): whatever a record holds, printing it cannot drive the terminal. Plain text,
+    accents and other scripts are kept as they are."""
+    s = str(value)
+    if s.isprintable():  # the common case: nothing to do
+        return s
+    return "".join(_escape_char(c) for c in s)
+
+
 def _cell(v: Any, width: int = 60) -> str:
-    s = "-" if v is None or v == "" else str(v)
+    s = "-" if v is None or v == "" else escape(v)
     s = " ".join(s.split())
     return s if len(s) <= width else s[: width - 3] + "..."
 
@@ -168,7 +198,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence
 def fields(pairs: Sequence[tuple[str, Any]]) -> str:
     """``key  value`` lines, keys aligned."""
     w = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k.ljust(w)}  {'-' if v is None or v == '' else v}" for k, v in pairs)
+    return "\n".join(f"{k.ljust(w)}  {'-' if v is None or v == '' else escape(v)}" for k, v in pairs)
 
 
 def _footer(noun: str, page: dict[str, Any]) -> str:
@@ -216,7 +246,7 @@ def cmd_txns_list(args: argparse.Namespace) -> int:
 
 
 def cmd_txns_show(args: argparse.Namespace) -> int:
-    d = _client(args).get(f"/transactions/{_seg(args.txn_id)}")
+    d = _client(args).get(f"/transactions/{_seg(args.txn_id)}", ledger_topic=args.ledger_topic)
     if args.json:
         _out(d)
         return 0
@@ -247,7 +277,7 @@ def cmd_txns_abort(args: argparse.Namespace) -> int:
     if args.json:
         _out(res)
     else:
-        print(res["message"])
+        print(escape(res["message"]))
     return 0
 
 
@@ -312,21 +342,21 @@ def cmd_batches_replay(args: argparse.Namespace) -> int:
         if args.json:
             _out(rep)
         else:
-            print(f"replay {rid} of batch {rep['batch_id']}: {_replay_line(rep)}")
+            print(escape(f"replay {rid} of batch {rep['batch_id']}: {_replay_line(rep)}"))
         return 1 if rep["status"] == "failed" else 0
-    print(f"replay {rid} of batch {rep['batch_id']}: {_replay_line(rep)}", file=progress, flush=True)
+    print(escape(f"replay {rid} of batch {rep['batch_id']}: {_replay_line(rep)}"), file=progress, flush=True)
     last = (rep["status"], rep["runs"])
     deadline = time.monotonic() + args.wait_timeout
     while rep["status"] not in REPLAY_DONE:
         if time.monotonic() >= deadline:
-            print(f"error: replay {rid} still {rep['status']} after {args.wait_timeout:g}s "
-                  f"(follow it with GET /replays/{rid})", file=sys.stderr)
+            print(escape(f"error: replay {rid} still {rep['status']} after {args.wait_timeout:g}s "
+                         f"(follow it with GET /replays/{rid})"), file=sys.stderr)
             return 1
         time.sleep(args.interval)
         rep = api.get(f"/replays/{_seg(rid)}")
         if (rep["status"], rep["runs"]) != last:
             last = (rep["status"], rep["runs"])
-            print(f"replay {rid}: {_replay_line(rep)}", file=progress, flush=True)
+            print(escape(f"replay {rid}: {_replay_line(rep)}"), file=progress, flush=True)
     if args.json:
         _out(rep)
     return 1 if rep["status"] == "failed" else 0
@@ -379,9 +409,34 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Bind addresses that are loopback, and the Host names a loopback-bound API answers to.
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: The Host names a loopback-bound API answers to (besides the address it is bound to).
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on loopback only: ``localhost``, any address of
+    127.0.0.0/8, ``::1`` (bracketed or not), or an IPv4-mapped loopback address."""
+    h = host.strip().lower().removeprefix("[").removesuffix("]")
+    if h in ("localhost", "localhost."):
+        return True
+    try:
+        addr = ipaddress.ip_address(h.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback
+
+
+def loopback_host_names(host: str) -> list[str]:
+    """The Host names a server bound to loopback ``host`` accepts: the loopback names and ``host``
+    itself (an IPv6 address also in brackets, as a Host header carries it)."""
+    names = list(LOOPBACK_HOST_NAMES)
+    h = host.strip().lower().removeprefix("[").removesuffix("]")
+    for name in (h, f"[{h}]" if ":" in h else h):
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -401,8 +456,10 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     given = {"service_url": args.service_url, "admin_url": args.admin_url, "database_url": args.database_url,
              "ledger_topics": args.ledger_topics}
-    if args.host in LOOPBACK and not os.environ.get("PULSAR_TXN_TRUSTED_HOSTS"):
-        given["trusted_hosts"] = ",".join(LOOPBACK_HOST_NAMES)  # bound to loopback: answer loopback names only
+    if is_loopback(args.host) and not os.environ.get("PULSAR_TXN_TRUSTED_HOSTS"):
+        # Bound to loopback: answer the loopback names only, so a page whose name an attacker
+        # rebinds to this address (DNS rebinding) is refused.
+        given["trusted_hosts"] = ",".join(loopback_host_names(args.host))
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
@@ -512,6 +569,7 @@ def register(sub: Any) -> None:
     tl.set_defaults(func=_guarded(cmd_txns_list))
     tsh = ts.add_parser("show", parents=[common], help="one transaction: ledger records and live state")
     tsh.add_argument("txn_id", metavar="TXN_ID", help="'(most,least)' or most:least")
+    tsh.add_argument("--ledger-topic", default=None, help="the transaction's ledger topic (if its id is in several)")
     tsh.set_defaults(func=_guarded(cmd_txns_show))
     ta = ts.add_parser("abort", parents=[common], help="abort a stuck open transaction (needs --token)")
     ta.add_argument("txn_id", metavar="TXN_ID")
@@ -549,7 +607,7 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
         try:
             return func(args)
         except (ApiError, Unreachable) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {escape(exc)}", file=sys.stderr)
             return 1
 
     run.__name__ = run.__qualname__ = func.__name__
