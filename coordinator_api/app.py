@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .api import reads, router, writes
 from .auth import bearer, require_read
@@ -61,6 +61,41 @@ class TrustedHosts:
         await self.inner(scope, receive, send)
 
 
+#: The dashboard's policy: its own script, style and API only, no plugins, and never in a frame
+#: (its Abort and Replay buttons must not be clickjacked).
+DASHBOARD_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                 "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+#: Everything else (JSON, the OpenAPI pages) may not be framed either.
+OTHER_CSP = "frame-ancestors 'none'"
+
+
+class SecurityHeaders:
+    """Adds Content-Security-Policy (the dashboard's strict one on ``/`` and ``/static/``),
+    X-Frame-Options DENY, X-Content-Type-Options nosniff and Referrer-Policy no-referrer to every
+    HTTP response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        csp = DASHBOARD_CSP if path == "/" or path.startswith("/static/") else OTHER_CSP
+        extra = [(b"content-security-policy", csp.encode()), (b"x-frame-options", b"DENY"),
+                 (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k, v) for k, v in extra if k not in names)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The app; settings default to the ``PULSAR_TXN_*`` environment, read at start-up."""
 
@@ -94,6 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
 
     app.add_middleware(TrustedHosts, settings_of=lambda: settings or get_settings())
+    app.add_middleware(SecurityHeaders)
 
     app.include_router(router)
     # Mutations first: ``POST /batches/{id:path}/replay`` must precede ``GET /batches/{id:path}``,

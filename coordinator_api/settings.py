@@ -137,6 +137,11 @@ class Settings(BaseSettings):
     #: Host headers accepted (Starlette's TrustedHostMiddleware); empty: any. ``pulsar-txn api``
     #: sets the loopback names when it binds a loopback address and this is not set.
     trusted_hosts: str = Field("", description="comma-separated accepted Host names ('*' for any)")
+    #: Limits of ``pulsar-txn api``'s HTTP server (see :mod:`coordinator_api.server`).
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a request's headers must arrive within this")
+    keep_alive_s: float = Field(5.0, gt=0, le=3600, description="an idle connection is closed after this")
+    max_header_bytes: int = Field(65_536, ge=4096, le=16 * 1024 * 1024, description="largest request headers")
+    max_connections: int = Field(1000, ge=1, le=1_000_000, description="connections and requests at once (503 beyond)")
 
     @field_validator("service_url")
     @classmethod

@@ -447,6 +447,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         from sqlalchemy.engine import make_url
 
         from coordinator_api.app import create_app
+        from coordinator_api.server import uvicorn_options
         from coordinator_api.settings import Settings
     except ImportError as exc:
         print(f"error: the control plane needs the api extra (pip install 'pulsar-txn[api]'): {exc}",
@@ -478,7 +479,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it: end with status 0 instead.
     previous = signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                    **uvicorn_options(settings))
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
