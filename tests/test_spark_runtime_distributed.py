@@ -284,6 +284,61 @@ def test_zombie_driver_cannot_commit(broker, spark, official, ns, unique_name): 
     assert sum(r.input_count for r in committed) == 40
 
 
+def test_stalled_driver_beside_a_second_driver_exactly_once(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
+    """Driver A stalls for 10 s right before its commit, still connected (a pause far shorter than the
+    keep-alive), while a second driver B of the same job starts. B cannot take the subscription while
+    A holds it, so it waits; A resumes and commits; later batches arrive and A stops; B then takes
+    every partition over (fencing A) and processes the rest. Every input is committed once."""
+    import threading
+    import time
+
+    from spark_jobs.runtime_driver import DistributedRuntime
+    from txn.delivery.processor import ProcessorConfig
+
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    create_partitioned_topic(broker.admin_url, inp, 2)
+    values = fill(official, inp, 40, keys=40)
+
+    def runtime() -> DistributedRuntime:
+        conf = ProcessorConfig(inputs=[inp], output=out, subscription="rt", job="rt", ledger_topic=ledger,
+                               batch_max_messages=100, txn_timeout_ms=60000)
+        return DistributedRuntime(spark, broker.service_url, upper, conf, admin_url=broker.admin_url)
+
+    a, b = runtime(), runtime()
+    b_result: list = []
+
+    def run_b() -> None:
+        try:
+            b.start()  # waits while A holds the subscription
+            b_result.append(b.run(idle_exit_ms=3000))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            b_result.append(exc)
+        finally:
+            b.close()
+
+    started_b = threading.Thread(target=run_b, daemon=True)
+
+    def stall() -> None:
+        a.before_commit = None
+        started_b.start()
+        time.sleep(10)  # A is paused with its batch's transaction open; B is trying to start
+
+    a.before_commit = stall
+    a.start()
+    try:
+        a_stats = a.run(max_batches=1)
+        more = fill(official, inp, 20, keys=20, start=40)  # arrives while A still holds the inputs
+    finally:
+        a.close()  # A goes away; B gets the subscription
+    started_b.join(240)
+    assert not started_b.is_alive()
+    assert not isinstance(b_result[0], BaseException), b_result[0]
+    assert a_stats.messages == 40 and b_result[0].messages == 20
+    assert Counter(read_all(official, out)) == upper_of(values + more)
+    committed = [r for r in records(broker, ledger) if r.kind == Kind.COMMITTED]
+    assert sum(r.input_count for r in committed) == 60
+
+
 # ------------------------------------------------------------------------- driver kills
 
 
