@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from txn.client import AsyncClient
 
 from .engine import make_engine
+from .handlers import HandlerRunner
 from .live import Live
 from .projection import Projector
 from .replays import ReplayService
@@ -37,7 +38,10 @@ class Core:
         broker = settings.broker()
         live = Live(settings.admin_url, timeout=settings.admin_timeout_s, **broker.admin_kwargs())
         client = AsyncClient(settings.service_url, **broker.client_kwargs())
-        core = cls(settings, engine, live, client, ReplayService(engine, client, settings.job_registry))
+        runner = HandlerRunner(timeout_s=settings.replay_handler_timeout_s, max_outputs=settings.replay_max_outputs,
+                               max_bytes=settings.replay_max_bytes, threads=settings.replay_handler_threads,
+                               transform_timeout_s=settings.replay_transform_timeout_s)
+        core = cls(settings, engine, live, client, ReplayService(engine, client, settings.job_registry, runner))
         if settings.project:
             core.projector = Projector(engine, client, live, topics=settings.ledger_topic_list,
                                        namespaces=settings.discover_namespace_list,

@@ -9,8 +9,10 @@ replay a batch twice.
 
 Only jobs of the settings' job registry are replayed, with the registry's code and topics (a
 ledger record only names its job). Whatever the job's code does, ``BaseException`` included,
-fails the replay, not the process. A replay found ``running`` at start-up (the process died
-during it) is resumed once; found ``running`` again, it is marked failed with the reason.
+fails the replay, not the process; it runs off the event loop, iterating a returned generator
+included, with a time limit and output limits (:class:`~coordinator_api.handlers.HandlerRunner`).
+A replay found ``running`` at start-up (the process died during it) is resumed once; found
+``running`` again, it is marked failed with the reason.
 
 The replay finds the batch's records by key in the projection (``ledger_records`` is indexed by
 batch id), complete up to the projection's position in the ledger topic; it reads the ledger only
@@ -29,11 +31,12 @@ from sqlalchemy.exc import IntegrityError
 
 from txn.client import AsyncClient
 from txn.delivery.ledger import Kind, LedgerRecord, LedgerSchemaError, now_ms
-from txn.delivery.output import load_handler
+from txn.delivery.output import MAX_OUTPUT_BYTES, MAX_OUTPUTS, load_handler
 from txn.delivery.replay import ReplayError, guarded, replay_batch
 from txn.message import MessageId
 
 from . import db
+from .handlers import HandlerRunner
 from .projection import load_position
 from .sanitize import describe
 from .settings import JobSpec
@@ -56,10 +59,13 @@ class NotReplayable(Exception):
 class ReplayService:
     """Accepts replay requests and runs them on the app's Pulsar client."""
 
-    def __init__(self, engine: Engine, client: AsyncClient, jobs: dict[str, JobSpec] | None = None) -> None:
+    def __init__(self, engine: Engine, client: AsyncClient, jobs: dict[str, JobSpec] | None = None,
+                 runner: HandlerRunner | None = None) -> None:
         self.engine = engine
         self.client = client
         self.jobs = jobs or {}
+        #: Runs the jobs' code off the event loop, with a time limit and output limits.
+        self.runner = runner or HandlerRunner(timeout_s=60.0, max_outputs=MAX_OUTPUTS, max_bytes=MAX_OUTPUT_BYTES)
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def job_of(self, batch: dict[str, Any]) -> JobSpec:
@@ -155,6 +161,7 @@ class ReplayService:
         for t in self._tasks.values():
             t.cancel()
         await self.wait()
+        self.runner.close()
         if cancelled:
             r = db.replays
             with self.engine.begin() as conn:
@@ -226,10 +233,12 @@ class ReplayService:
             raise ReplayError(str(exc)) from None
         handler = None
         if spec.handler is not None:
-            handler = await asyncio.to_thread(guarded, f"loading handler {spec.handler}", load_handler, spec.handler)
+            handler = self.runner.wrap(
+                await asyncio.to_thread(guarded, f"loading handler {spec.handler}", load_handler, spec.handler))
         replayer = None
         if spec.transform is not None:
-            replayer = await asyncio.to_thread(guarded, "loading the Spark runtime", _spark_replayer)
+            replayer = self.runner.wrap_replayer(
+                await asyncio.to_thread(guarded, "loading the Spark runtime", _spark_replayer))
         records, until = await asyncio.to_thread(self._known_records, row["ledger_topic"], row["batch_id"])
         return await replay_batch(self.client, row["batch_id"], row["ledger_topic"], handler, spec.output,
                                   transform=spec.transform, replayer=replayer, job=batch["job"],

@@ -137,6 +137,12 @@ class Settings(BaseSettings):
     #: Host headers accepted (Starlette's TrustedHostMiddleware); empty: any. ``pulsar-txn api``
     #: sets the loopback names when it binds a loopback address and this is not set.
     trusted_hosts: str = Field("", description="comma-separated accepted Host names ('*' for any)")
+    #: Limits of a replay's handler (see :mod:`coordinator_api.handlers`).
+    replay_handler_timeout_s: float = Field(60.0, gt=0, le=86400, description="time limit of a handler per input")
+    replay_transform_timeout_s: float = Field(600.0, gt=0, le=86400, description="time limit of a transform replay")
+    replay_max_outputs: int = Field(10_000, ge=1, le=10_000_000, description="outputs per input")
+    replay_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=2**34, description="bytes of outputs per input")
+    replay_handler_threads: int = Field(4, ge=1, le=256, description="threads running handlers")
     #: Limits of ``pulsar-txn api``'s HTTP server (see :mod:`coordinator_api.server`).
     header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a request's headers must arrive within this")
     keep_alive_s: float = Field(5.0, gt=0, le=3600, description="an idle connection is closed after this")

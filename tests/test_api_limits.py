@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,14 +24,14 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, Text, create_engine, inspect, select, text
-from test_api_hostile import db_url, empty_db_url, fresh_namespace, projected, send, wait_projected
+from test_api_hostile import db_url, empty_db_url, fresh_namespace, park, projected, send, wait_projected
 
 from coordinator_api import db
 from coordinator_api.engine import make_engine
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
 from txn_shell.localbroker import free_port
 
-from api_server import ROOT, ApiServer
+from api_server import ROOT, TOKEN, ApiServer
 
 __all__ = ["db_url", "empty_db_url"]  # the fixtures, shared with test_api_hostile
 
@@ -192,10 +193,10 @@ def _status_at(addr: str, port: int, host: str, path: str = "/livez") -> int:
 
 
 @contextmanager
-def cli_api(broker: Any, tmp_path: Path, host: str, *args: str) -> Iterator[int]:
+def cli_api(broker: Any, tmp_path: Path, host: str, *args: str, env: dict[str, str] | None = None) -> Iterator[int]:
     """``pulsar-txn api --host HOST ARGS`` (no projection), until it answers on ``host``; yields the port."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSAR_TXN_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PULSAR_TXN_")}, **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "txn_shell.cli", "api", "--host", host, "--port", str(port),
          "--service-url", broker.service_url, "--admin-url", broker.admin_url,
@@ -231,3 +232,168 @@ def test_any_loopback_bind_checks_the_host_header(broker: Any, tmp_path: Path) -
                                                           f"attacker.example:{port}")}
             assert got == {addr: 200, f"{addr}:{port}": 200, "localhost": 200, "attacker.example": 400,
                            f"attacker.example:{port}": 400}, got
+
+
+# ------------------------------------------------------------------------------------------ item 10
+
+
+def test_dashboard_headers(broker: Any, tmp_path: Path) -> None:
+    """The dashboard may not be framed (clickjacking of its Abort and Replay buttons) and runs only
+    its own script and style: Content-Security-Policy with frame-ancestors 'none', X-Frame-Options."""
+    with cli_api(broker, tmp_path, "127.0.0.1") as port:
+        for path in ("/", "/static/dashboard.js"):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                resp.read()
+                headers = {k.lower(): v for k, v in resp.getheaders()}
+            finally:
+                conn.close()
+            assert resp.status == 200, path
+            csp = headers.get("content-security-policy", "")
+            assert "frame-ancestors 'none'" in csp and "default-src 'self'" in csp and "script-src 'self'" in csp, \
+                (path, headers)
+            assert (headers.get("x-frame-options"), headers.get("x-content-type-options")) == ("DENY", "nosniff"), \
+                (path, headers)
+
+
+def _held_for(port: int, first: bytes, trickle: bytes, limit_s: float) -> float:
+    """Send ``first``, then a byte of ``trickle`` every 0.5 s; seconds until the server closed the
+    connection (at most ``limit_s``: then it is still open)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    start = time.monotonic()
+    try:
+        if first:
+            s.sendall(first)
+        s.settimeout(0.5)
+        i = 0
+        while time.monotonic() - start < limit_s:
+            try:
+                if not s.recv(65536):
+                    return time.monotonic() - start
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                return time.monotonic() - start
+            if trickle:
+                try:
+                    s.sendall(trickle[i % len(trickle):i % len(trickle) + 1])
+                except OSError:
+                    return time.monotonic() - start
+                i += 1
+        return limit_s
+    finally:
+        s.close()
+
+
+def test_slow_clients_cannot_hold_connections(broker: Any, tmp_path: Path) -> None:
+    """A client that connects and sends nothing, or sends its headers a byte at a time (slowloris),
+    is disconnected after the header timeout (2 s here); headers larger than the limit get 400."""
+    with cli_api(broker, tmp_path, "127.0.0.1", env={"PULSAR_TXN_HEADER_TIMEOUT_S": "2"}) as port:
+        idle = _held_for(port, b"", b"", 8)
+        slow = _held_for(port, b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n", b"X-Slow: aaaaaaaaaaaaaaa\r\n", 8)
+        assert idle < 4 and slow < 4, (idle, slow)
+        print(f"held: idle {idle:.2f} s, slowloris {slow:.2f} s")
+        big = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            big.sendall(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n")
+            answer = big.recv(65536)
+        except ConnectionResetError:
+            answer = b"(reset)"
+        finally:
+            big.close()
+        assert answer.startswith((b"HTTP/1.1 400", b"HTTP/1.1 431", b"(reset)")) or answer == b"", answer[:100]
+        assert _status_at("127.0.0.1", port, "127.0.0.1") == 200  # and it serves the others
+
+
+# ------------------------------------------------------------------------------------------ item 5
+
+
+def _follow(server: ApiServer, replay_ids: dict[str, str], limit_s: float) -> tuple[float, dict[str, Any]]:
+    """Probe /livez every 0.1 s and poll the replays until they all ended (at most ``limit_s``):
+    the slowest /livez answer (one that gets none in 3 s counts 3 s) and the ended replays."""
+    worst, done, end = 0.0, {}, time.monotonic() + limit_s
+    while len(done) < len(replay_ids) and time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            server.request("GET", "/livez", timeout=3)
+            worst = max(worst, time.monotonic() - t0)
+            for name, rid in replay_ids.items():
+                rep = server.get(f"/replays/{rid}", timeout=3)
+                if rep["status"] in ("succeeded", "noop", "failed"):
+                    done[name] = rep
+        except OSError:
+            worst = max(worst, 3.0)
+        time.sleep(0.1)
+    return worst, done
+
+
+def test_a_handler_cannot_stall_or_flood_the_api(broker: Any, tmp_path: Path) -> None:
+    """Replays of handlers that return endless generators (fast, slow, of 8 MiB outputs) or block:
+    /livez keeps answering within 0.5 s while they run, and each replay fails naming the limit it
+    hit (outputs, bytes, time), with nothing written."""
+    ns = fresh_namespace(broker)
+    ledger = default_ledger_topic(f"persistent://{ns}/x")
+    out = f"persistent://{ns}/out"
+    handlers = {"endless": "outputs", "slow_generator": "time", "huge": "bytes", "sleeper": "time"}
+    jobs = {}
+    for name in handlers:
+        parked = f"persistent://{ns}/{name}-parked"
+        spec = f"limit_handlers:{name}"
+        park(broker, ledger, parked, f"{name}:1", name, b"in", {"handler": spec, "output": out})
+        jobs[name] = {"handler": spec, "output": out, "parked_topics": [parked]}
+    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                       jobs=jobs, extra_env={"PULSAR_TXN_REPLAY_HANDLER_TIMEOUT_S": "3"}).start()
+    try:
+        wait_projected(server, ledger, len(handlers))
+        ids = {}
+        for name in handlers:
+            status, rep = server.request("POST", f"/batches/{name}:1/replay", token=TOKEN)
+            assert status == 202, rep
+            ids[name] = rep["replay_id"]
+        worst, done = _follow(server, ids, 45)
+        print(f"slowest /livez during the replays: {worst:.3f} s; ended: {sorted(done)}")
+        assert worst < 0.5, (worst, done)
+        assert sorted(done) == sorted(handlers), done
+        for name, limit in handlers.items():
+            d = done[name]
+            assert d["status"] == "failed" and d["message"].startswith("OutputLimitExceeded: "), (name, d)
+            assert {"outputs": "more than 10000 outputs", "bytes": "more than 67108864 bytes",
+                    "time": "longer than 3 s"}[limit] in d["message"], (name, d)
+            assert server.get(f"/batches/{name}:1")["status"] == "PARKED"
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------------------------ item 8
+
+
+def test_records_cannot_make_metrics_slow(broker: Any, tmp_path: Path) -> None:
+    """STARTED records of 60 jobs, each naming 64 input topics (the backlog series read them):
+    every /metrics scrape answers within 1 s, the first one included, and the backlog is read in
+    the background with a bounded number of admin calls per refresh, whatever the records say."""
+    ns = fresh_namespace(broker)
+    ledger = default_ledger_topic(f"persistent://{ns}/x")
+    tag = uuid.uuid4().hex[:8]
+    recs = [LedgerRecord(kind="STARTED", job=f"wide-{tag}-{j}", batch_id=f"wide-{tag}-{j}:1", txn_id=f"(0,{j})",
+                         attempt=1, inputs={}, started_at_ms=1000,
+                         config={"subscription": "s", "inputs": [f"persistent://{ns}/in-{j}-{i}" for i in range(64)]})
+            for j in range(60)]
+    send(broker, ledger, [(r.batch_id, r.to_json()) for r in recs])
+    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger]).start()
+    try:
+        wait_projected(server, ledger, len(recs))
+        took = []
+        for _ in range(4):
+            t0 = time.monotonic()
+            status, text = server.request("GET", "/metrics", timeout=60)
+            took.append(round(time.monotonic() - t0, 3))
+            assert status == 200 and f'pulsartxn_batches{{job="wide-{tag}-0",status="STARTED"}} 1.0' in text
+            time.sleep(0.5)
+        print(f"/metrics scrapes took {took} s")
+        assert max(took) < 1.0, took
+        calls = [line for line in text.splitlines() if line.startswith("pulsartxn_backlog_admin_calls ")]
+        assert calls and float(calls[0].split()[1]) <= 32, calls  # the per-refresh budget (default)
+    finally:
+        server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -22,27 +23,73 @@ class Output:
     partition_key: str | None = None
 
 
-def normalise(result: Any) -> list[Output]:
-    """Turn a handler's return value (None, bytes, Output or an iterable of those) into Outputs."""
+#: Default bounds of :func:`normalise`, per handler call (one input).
+MAX_OUTPUTS = 10_000
+MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+
+
+class OutputLimitExceeded(ValueError):
+    """A handler's result broke a limit of :func:`normalise`; ``limit`` names it
+    (``max_outputs``, ``max_bytes`` or ``deadline``) and ``value`` is the limit's value."""
+
+    def __init__(self, limit: str, value: float, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+
+
+def _size(o: Output) -> int:
+    """Bytes an output holds: content, key and properties (as they will be sent)."""
+    n = len(o.content) + (len(o.partition_key.encode()) if o.partition_key else 0)
+    if o.properties:
+        n += sum(len(str(k).encode()) + len(str(v).encode()) for k, v in o.properties.items())
+    return n
+
+
+def _one(item: Any) -> Output:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return Output(bytes(item))
+    if isinstance(item, Output):
+        return item
+    raise TypeError(f"handler yielded {type(item).__name__}; expected bytes or Output")
+
+
+def normalise(result: Any, *, max_outputs: int = MAX_OUTPUTS, max_bytes: int = MAX_OUTPUT_BYTES,
+              deadline: float | None = None) -> list[Output]:
+    """Turn a handler's return value (None, bytes, Output or an iterable of those) into Outputs.
+
+    Bounded: at most ``max_outputs`` outputs of at most ``max_bytes`` bytes in all (content, key
+    and properties), and, with ``deadline`` (a :func:`time.monotonic` time), an iterable is not
+    iterated past it. Breaking a bound raises :class:`OutputLimitExceeded` naming it, as soon as
+    it is broken: an endless generator is never iterated further than one item past the bound.
+    A deadline cannot interrupt a single ``next()`` that never returns: the caller runs the
+    handler where that does no harm (another thread) and stops waiting for it."""
     if result is None:
         return []
-    if isinstance(result, (bytes, bytearray, memoryview)):
-        return [Output(bytes(result))]
-    if isinstance(result, Output):
-        return [result]
     if isinstance(result, str):
         raise TypeError("handler returned str; return bytes (encode it) or txn.delivery.Output")
-    if isinstance(result, Iterable):
-        out: list[Output] = []
-        for item in result:
-            if isinstance(item, (bytes, bytearray, memoryview)):
-                out.append(Output(bytes(item)))
-            elif isinstance(item, Output):
-                out.append(item)
-            else:
-                raise TypeError(f"handler yielded {type(item).__name__}; expected bytes or Output")
-        return out
-    raise TypeError(f"handler returned {type(result).__name__}; expected None, bytes, Output or an iterable")
+    if isinstance(result, (bytes, bytearray, memoryview, Output)):
+        items: Iterable[Any] = (result,)
+    elif isinstance(result, Iterable):
+        items = result
+    else:
+        raise TypeError(f"handler returned {type(result).__name__}; expected None, bytes, Output or an iterable")
+    out: list[Output] = []
+    total = 0
+    for item in items:
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutputLimitExceeded("deadline", deadline, "the handler's result took too long to produce "
+                                      "(past its deadline)")
+        o = _one(item)
+        if len(out) >= max_outputs:
+            raise OutputLimitExceeded("max_outputs", max_outputs,
+                                      f"the handler returned more than {max_outputs} outputs for one input")
+        total += _size(o)
+        if total > max_bytes:
+            raise OutputLimitExceeded("max_bytes", max_bytes,
+                                      f"the handler's outputs for one input hold more than {max_bytes} bytes")
+        out.append(o)
+    return out
 
 
 def load_handler(spec: str) -> Callable[..., Any]:
