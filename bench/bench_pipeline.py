@@ -412,7 +412,9 @@ def eo_settings(args: argparse.Namespace, kind: str, inflight: int | None = None
     base = {"receiver_queue_size": args.receiver_queue_size,
             "consumer_type": getattr(txn.ConsumerType, args.consumer_type),
             "max_inflight_commits": inflight if inflight is not None else args.max_inflight_commits,
-            "ledger_guard": not args.no_ledger_guard}
+            "ledger_guard": not args.no_ledger_guard,
+            # Partition fences need one owner per partition; a Shared run measures the processor without them.
+            "fencing": args.consumer_type in ("Failover", "Exclusive")}
     if kind == "100ms":
         return base | {"batch_max_delay_ms": 100, "batch_max_messages": 100_000}
     return base | {"batch_max_messages": 1000, "batch_max_delay_ms": 10_000}
@@ -575,7 +577,7 @@ def main() -> int:
                     help="max_inflight_commits values tried once per commit setting ('' = skip)")
     ap.add_argument("--max-inflight-commits", type=int, default=2, help="processor, main runs and RSS runs")
     ap.add_argument("--receiver-queue-size", type=int, default=1000, help="processor's consumer queue")
-    ap.add_argument("--consumer-type", default="Shared", choices=["Shared", "Exclusive", "Failover"],
+    ap.add_argument("--consumer-type", default="Failover", choices=["Shared", "Exclusive", "Failover"],
                     help="subscription type of both pipelines")
     ap.add_argument("--official-receiver-queue-size", type=int, default=1000)
     ap.add_argument("--official-flush-every", type=int, default=0,
