@@ -38,7 +38,7 @@ class OutputLimitExceeded(ValueError):
         self.value = value
 
 
-def _size(o: Output) -> int:
+def output_size(o: Output) -> int:
     """Bytes an output holds: content, key and properties (as they will be sent)."""
     n = len(o.content) + (len(o.partition_key.encode()) if o.partition_key else 0)
     if o.properties:
@@ -84,7 +84,7 @@ def normalise(result: Any, *, max_outputs: int = MAX_OUTPUTS, max_bytes: int = M
         if len(out) >= max_outputs:
             raise OutputLimitExceeded("max_outputs", max_outputs,
                                       f"the handler returned more than {max_outputs} outputs for one input")
-        total += _size(o)
+        total += output_size(o)
         if total > max_bytes:
             raise OutputLimitExceeded("max_bytes", max_bytes,
                                       f"the handler's outputs for one input hold more than {max_bytes} bytes")

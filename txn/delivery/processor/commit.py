@@ -36,7 +36,7 @@ from ..batching import EntryBoundaries
 from ..fencing import PartitionFences
 from ..ledger import Kind, now_ms
 from ..ledger_guard import LedgerGuard
-from ..output import Output, normalise
+from ..output import Output, normalise, output_size
 from .config import ProcessorConfig, ProcessorStats
 from .failures import _PERMANENT_SEND_ERRORS, BatchFailed, _discard_txn, _Dropped, _settle, _Transient
 from .metrics import ProcessorMetrics
@@ -237,11 +237,19 @@ class CommitPipeline:
         task.add_done_callback(self._inflight.discard)
 
     async def _transform(self, msgs: list[Message]) -> list[tuple[Message, list[Output]]]:
+        c = self.config
+        budget = [c.max_output_bytes_per_batch]  # bytes left for the rest of the batch
+
+        def bounded(m: Message, result: Any) -> tuple[Message, list[Output]]:
+            outs = normalise(result, max_outputs=c.max_outputs_per_input, max_bytes=max(budget[0], 0))
+            budget[0] -= sum(output_size(o) for o in outs)
+            return m, outs
+
         if self._async_handler:
             out = []
             for m in msgs:
                 try:
-                    out.append((m, normalise(await self.handler(m))))
+                    out.append(bounded(m, await self.handler(m)))
                 except Exception as exc:  # the handler's failure fails the batch
                     raise BatchFailed(exc, m) from exc
             return out
@@ -250,7 +258,7 @@ class CommitPipeline:
             res = []
             for m in msgs:
                 try:
-                    res.append((m, normalise(self.handler(m))))
+                    res.append(bounded(m, self.handler(m)))
                 except Exception as exc:
                     raise BatchFailed(exc, m) from exc
             return res

@@ -53,6 +53,12 @@ class ProcessorConfig:
     #: Bound on taking a partition over (waiting for the previous owner's open transactions to be
     #: resolved); default 2 x the transaction timeout + 60 s.
     claim_timeout_ms: int | None = None
+    #: Bounds on what the handler returns: outputs for one input, and bytes (content, keys and
+    #: properties) for the whole batch. Past either the batch fails with ``OutputLimitExceeded``
+    #: (a ``ValueError``) and is retried, narrowed and parked like any failing batch; an endless
+    #: generator is never iterated further than one item past the bound.
+    max_outputs_per_input: int = 10_000
+    max_output_bytes_per_batch: int = 256 * 1024 * 1024
     #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
     ordering: OrderingGuard | None = None
     #: Serve Prometheus metrics while running (see ``metrics``); None: off.
