@@ -379,6 +379,13 @@ async def quarantine(
 
 @reads.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **AUTH_ERRORS})
 async def prometheus(c: Core = Depends(core)) -> Response:
-    """Prometheus text format: transactions, batches, volumes, commit latency, last commit and backlog per job."""
-    body = await asyncio.to_thread(metrics.render, c.reader, c.projector, c.live)
+    """Prometheus text format: transactions, batches, volumes, commit latency, last commit and backlog per job.
+
+    Computed within a time budget (``PULSAR_TXN_METRICS_SCRAPE_BUDGET_S``): past it, the last
+    complete snapshot is answered (503 before there is one); backlogs are read in the background."""
+    service = c.metrics
+    body = await (service.scrape() if service is not None else
+                  asyncio.to_thread(metrics.render, c.reader, c.projector, None))
+    if body is None:
+        raise HTTPException(503, "metrics are being computed; try again shortly")
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from sqlalchemy import Engine
@@ -13,6 +14,7 @@ from txn.client import AsyncClient
 from .engine import make_engine
 from .handlers import HandlerRunner
 from .live import Live
+from .metrics import MetricsService
 from .projection import Projector
 from .replays import ReplayService
 from .settings import Settings
@@ -30,6 +32,8 @@ class Core:
     client: AsyncClient
     replays: ReplayService
     projector: Projector | None = None
+    metrics: MetricsService | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
     def open(cls, settings: Settings) -> Core:
@@ -42,12 +46,17 @@ class Core:
                                max_bytes=settings.replay_max_bytes, threads=settings.replay_handler_threads,
                                transform_timeout_s=settings.replay_transform_timeout_s)
         core = cls(settings, engine, live, client, ReplayService(engine, client, settings.job_registry, runner))
+        core.metrics = MetricsService(core.reader, None, live, scrape_budget_s=settings.metrics_scrape_budget_s,
+                                      backlog_interval_s=settings.metrics_backlog_interval_s,
+                                      backlog_calls=settings.metrics_backlog_calls,
+                                      backlog_budget_s=settings.metrics_backlog_budget_s)
         if settings.project:
             core.projector = Projector(engine, client, live, topics=settings.ledger_topic_list,
                                        namespaces=settings.discover_namespace_list,
                                        chunk=settings.projection_batch,
                                        discover_interval_s=settings.discover_interval_s,
                                        resolve_after_ms=settings.resolve_after_ms)
+            core.metrics.projector = core.projector
         return core
 
     @cached_property
@@ -66,12 +75,17 @@ class Core:
         """Start the projection and resume replays a previous process left unfinished."""
         if self.projector is not None:
             self.projector.start()
+        if self.metrics is not None:
+            self._tasks.append(asyncio.create_task(self.metrics.run(), name="metrics-backlogs"))
         resumed = self.replays.resume()
         if resumed:
             log.info("resumed %d unfinished replay(s)", resumed)
 
     async def close(self) -> None:
         """Stop background work and release connections."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.projector is not None:
             await self.projector.stop()
         await self.replays.stop()

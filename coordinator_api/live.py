@@ -7,7 +7,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from txn.admin import admin_request
+from txn.admin import admin_request, topic_path
 from txn.delivery.ledger import LEDGER_TOPIC_NAME
 from txn.message import TxnID
 from txn.topic import parse_topic
@@ -76,6 +76,20 @@ class Live:
         """The pending-ack store of ``subscription`` on ``topic`` (None if not loaded)."""
         sub = urllib.parse.quote(subscription, safe="")
         return self._get(f"/admin/v3/transactions/pendingAckStats/{_topic_path(topic)}/{sub}", ok_missing=True)
+
+    def subscription_backlog(self, topic: str, subscription: str) -> tuple[int | None, int]:
+        """(``subscription``'s backlog on ``topic`` or None if either does not exist, admin calls
+        made): the topic's stats, or for a partitioned topic the sum over its partitions."""
+        base = "/admin/v2/" + topic_path(str(parse_topic(topic)))
+        body, calls = self._get(base + "/stats", ok_missing=True), 1
+        if body is None:
+            body, calls = self._get(base + "/partitioned-stats", ok_missing=True), 2
+        if not isinstance(body, dict):
+            return None, calls
+        sub = (body.get("subscriptions") or {}).get(subscription)
+        if not isinstance(sub, dict):
+            return None, calls
+        return int(sub.get("msgBacklog") or 0), calls
 
     def ledger_topics(self, namespaces: list[str]) -> list[str]:
         """The persistent topics named ``pulsar-txn-ledger`` in ``namespaces`` (``tenant/namespace``)."""

@@ -24,17 +24,19 @@ series                                         type       what
 =============================================  =========  =====================================================
 
 The backlog: a job's inputs and subscription come from its latest STARTED record (the processor
-and the Spark runtime write them in the record's ``config``); the topic stats are read through
-:class:`txn.delivery.processor.metrics.BacklogProbe`, cached for :data:`BACKLOG_TTL_S`, for at
-most :data:`MAX_BACKLOG_JOBS` jobs.
+and the Spark runtime write them in the record's ``config``); the topic stats are read by
+:class:`Backlogs` in the background, every :data:`BACKLOG_TTL_S` seconds, with at most a fixed
+number of admin calls per refresh whatever the records say (so records cannot make a scrape, or
+the broker, slow), for at most :data:`MAX_BACKLOG_JOBS` jobs of :data:`MAX_BACKLOG_TOPICS` inputs.
+A scrape is computed within a time budget (:class:`MetricsService`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,10 +46,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, Float, case, cast, func, select
 
 from txn.delivery.ledger import KINDS, Kind
-from txn.delivery.processor.metrics import BacklogProbe
 
 from . import db, queries
-from .live import Live
+from .live import Live, LiveError
 
 PREFIX = "pulsartxn"
 #: Commit-latency histogram bounds in seconds (ascending).
@@ -56,8 +57,12 @@ TXN_STATES = ("OPEN", "COMMITTED", "ABORTED")
 BATCH_STATUSES = KINDS  # a batch's status is the kind of its deciding record
 REPLAY_STATUSES = ("accepted", "running", "succeeded", "noop", "failed")
 DONE = (Kind.COMMITTED.value, Kind.REPLAYED.value)
-BACKLOG_TTL_S = 30.0
+BACKLOG_TTL_S = 15.0
 MAX_BACKLOG_JOBS = 100
+MAX_BACKLOG_TOPICS = 64
+#: A scrape starts a backlog refresh if the last is older than this, and waits for it at most so long.
+SCRAPE_REFRESH_S = 1.0
+SCRAPE_WAIT_S = 0.5
 #: Every series this module exports (the dashboard test checks its queries against these).
 METRIC_NAMES = tuple(f"{PREFIX}_{n}" for n in (
     "transactions_total", "open_transactions", "batches", "committed_messages_total", "committed_outputs_total",
@@ -81,66 +86,88 @@ _LATEST_STARTED = (select(_r.c.job, func.max(_r.c.id)).where(_r.c.kind == Kind.S
                    .limit(MAX_BACKLOG_JOBS))
 
 
-class _Backlogs:
-    """Backlog probes per (admin URL, job, subscription, inputs), bounded and cached."""
+class Backlogs:
+    """Each job's subscription backlog per input, read from the admin API in the background.
 
-    def __init__(self) -> None:
-        self._probes: OrderedDict[tuple[Any, ...], BacklogProbe] = OrderedDict()
-        self._jobs: dict[str, tuple[str, tuple[str, ...]]] = {}
-        self._jobs_read_at = float("-inf")
+    The jobs, their subscription and inputs come from the ledger (each job's latest STARTED
+    record), so anyone who can write the ledger decides how many (job, topic) pairs there are. The
+    admin calls therefore do not depend on them: a :meth:`refresh` makes at most
+    ``calls_per_refresh`` admin calls within ``budget_s``, taking the pairs in turn from where the
+    previous refresh stopped (so every pair is read again eventually), and keeps each pair's last
+    value; at most :data:`MAX_BACKLOG_JOBS` jobs and :data:`MAX_BACKLOG_TOPICS` inputs per job are
+    tracked. A scrape only reads the values (:meth:`values`)."""
+
+    def __init__(self, calls_per_refresh: int = 32, budget_s: float = 2.0) -> None:
+        self.calls_per_refresh = calls_per_refresh
+        self.budget_s = budget_s
+        self.last_calls = 0  # admin calls of the latest refresh
+        self.errors = 0
+        self.refreshed_at = float("-inf")
+        self._values: dict[tuple[str, str, str], int] = {}  # (job, subscription, topic) -> backlog
+        self._cursor = 0
         self._lock = threading.Lock()
 
-    def _job_inputs(self, engine: Engine) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """Job -> (subscription, inputs) from each job's latest STARTED record (re-read every TTL)."""
-        if time.monotonic() - self._jobs_read_at < BACKLOG_TTL_S:
-            return self._jobs
-        found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    @staticmethod
+    def pairs(engine: Engine) -> list[tuple[str, str, str]]:
+        """(job, subscription, topic) from each job's latest STARTED record, bounded, sorted."""
         with engine.connect() as conn:
             ids = [i for _, i in conn.execute(_LATEST_STARTED).all()]
             rows = conn.execute(select(_r.c.job, _r.c.record).where(_r.c.id.in_(ids))).all() if ids else []
+        found = set()
         for job, raw in rows:
             try:
                 config = json.loads(raw).get("config") or {}
             except (ValueError, AttributeError):
                 continue
             sub, inputs = config.get("subscription"), config.get("inputs")
-            if isinstance(sub, str) and isinstance(inputs, list) and all(isinstance(t, str) for t in inputs):
-                found[job] = (sub, tuple(inputs))
-        self._jobs, self._jobs_read_at = found, time.monotonic()
-        return found
+            if isinstance(sub, str) and isinstance(inputs, list):
+                found.update((job, sub, t) for t in inputs[:MAX_BACKLOG_TOPICS] if isinstance(t, str))
+        return sorted(found)
 
-    def read(self, engine: Engine, live: Live) -> dict[str, tuple[str, dict[str, int]]]:
-        """Job -> (subscription, topic -> backlog)."""
+    def refresh(self, engine: Engine, live: Live) -> int:
+        """Read backlogs within the call and time budgets; returns the admin calls made."""
         with self._lock:
-            out = {}
-            for job, (sub, inputs) in sorted(self._job_inputs(engine).items()):
-                key = (live.admin_url, job, sub, inputs)
-                probe = self._probes.get(key)
-                if probe is None:
-                    try:
-                        probe = BacklogProbe(live.admin_url, sub, list(inputs), token=live.token,
-                                             context=live.context, ttl_s=BACKLOG_TTL_S, timeout_s=live.timeout)
-                    except ValueError:  # a topic name this version cannot parse
-                        continue
-                    self._probes[key] = probe
-                    while len(self._probes) > MAX_BACKLOG_JOBS:
-                        self._probes.popitem(last=False)
-                self._probes.move_to_end(key)
-                out[job] = (sub, probe.backlog())
-            return out
+            pairs = self.pairs(engine)
+            keep = set(pairs)
+            self._values = {k: v for k, v in self._values.items() if k in keep}
+            calls, done, start = 0, 0, time.monotonic()
+            n = len(pairs)
+            while done < n and calls < self.calls_per_refresh and time.monotonic() - start < self.budget_s:
+                key = pairs[(self._cursor + done) % n]
+                done += 1
+                try:
+                    value, used = live.subscription_backlog(key[2], key[1])
+                except ValueError:  # a topic name this version cannot parse
+                    continue
+                except LiveError:
+                    self.errors += 1
+                    calls += 1
+                    continue
+                calls += used
+                if value is None:
+                    self._values.pop(key, None)
+                else:
+                    self._values[key] = value
+            self._cursor = (self._cursor + done) % n if n else 0
+            self.last_calls, self.refreshed_at = calls, time.monotonic()
+            return calls
 
-
-_backlogs = _Backlogs()
+    def values(self) -> dict[str, tuple[str, dict[str, int]]]:
+        """Job -> (subscription, topic -> backlog), as last read."""
+        out: dict[str, tuple[str, dict[str, int]]] = {}
+        for (job, sub, topic), n in sorted(self._values.items()):
+            out.setdefault(job, (sub, {}))[1][topic] = n
+        return out
 
 
 class StateCollector(Collector):
     """Transactions, batches, volumes, commit latency and last commit per job; replays; quarantine;
     the projection's progress; each job's backlog (with ``live``)."""
 
-    def __init__(self, engine: Engine, projector: Any = None, live: Live | None = None) -> None:
+    def __init__(self, engine: Engine, projector: Any = None, backlogs: Backlogs | None = None) -> None:
         self.engine = engine
         self.projector = projector
-        self.live = live
+        self.backlogs = backlogs
 
     def collect(self) -> Iterator[Any]:
         with self.engine.connect() as conn:  # one connection; every figure read in it
@@ -205,11 +232,11 @@ class StateCollector(Collector):
                 cum.append((repr(b), acc))
             h.add_metric([j], [*cum, ("+Inf", sum(per_bucket))], total[0] / 1000)
         yield h
-        if self.live is not None:
+        if self.backlogs is not None:
             bl = GaugeMetricFamily(f"{PREFIX}_subscription_backlog_messages",
-                                   "Backlog of the job's subscription per input topic (admin API, cached)",
-                                   labels=["job", "topic", "subscription"])
-            for j, (sub, values) in _backlogs.read(self.engine, self.live).items():
+                                   "Backlog of the job's subscription per input topic (admin API, read in the "
+                                   "background)", labels=["job", "topic", "subscription"])
+            for j, (sub, values) in self.backlogs.values().items():
                 for topic, n in sorted(values.items()):
                     bl.add_metric([j, topic, sub], n)
             yield bl
@@ -231,8 +258,67 @@ class StateCollector(Collector):
             yield c
 
 
-def render(engine: Engine, projector: Any = None, live: Live | None = None) -> bytes:
-    """The Prometheus text exposition of the current state (with ``live``: also the backlogs)."""
+def render(engine: Engine, projector: Any = None, backlogs: Backlogs | None = None) -> bytes:
+    """The Prometheus text exposition of the current state (with ``backlogs``: also their last values)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StateCollector(engine, projector, live))
+    reg.register(StateCollector(engine, projector, backlogs))
     return generate_latest(reg)
+
+
+class MetricsService:
+    """``GET /metrics`` within a time budget: one computation at a time, shared by concurrent
+    scrapes; a scrape waits for it at most ``scrape_budget_s``, then answers the last complete
+    snapshot (None before the first: the API answers 503). The backlogs are refreshed in the
+    background every ``backlog_interval_s``; a scrape also starts a refresh if the last one is
+    older than :data:`SCRAPE_REFRESH_S` and waits for it at most :data:`SCRAPE_WAIT_S` (then it
+    shows the values read before). Each refresh is bounded in calls and time (:class:`Backlogs`),
+    and there is never more than one at a time."""
+
+    def __init__(self, engine: Engine, projector: Any, live: Live | None, *, scrape_budget_s: float = 5.0,
+                 backlog_interval_s: float = BACKLOG_TTL_S, backlog_calls: int = 32,
+                 backlog_budget_s: float = 2.0) -> None:
+        self.engine = engine
+        self.projector = projector
+        self.live = live
+        self.scrape_budget_s = scrape_budget_s
+        self.backlog_interval_s = backlog_interval_s
+        self.backlogs = Backlogs(backlog_calls, backlog_budget_s) if live is not None else None
+        self.last: bytes | None = None
+        self._render: asyncio.Future[bytes] | None = None
+        self._refresh: asyncio.Future[int] | None = None
+
+    def _refresh_backlogs(self, older_than_s: float) -> asyncio.Future[int] | None:
+        if self.backlogs is None or self.live is None:
+            return None
+        stale = time.monotonic() - self.backlogs.refreshed_at >= older_than_s
+        if (self._refresh is None or self._refresh.done()) and stale:
+            self._refresh = asyncio.ensure_future(asyncio.to_thread(self.backlogs.refresh, self.engine, self.live))
+            self._refresh.add_done_callback(lambda f: f.cancelled() or f.exception())  # errors: counted, not raised
+        return self._refresh
+
+    async def scrape(self) -> bytes | None:
+        """The exposition, fresh if it can be computed within the budget, else the last one."""
+        deadline = time.monotonic() + self.scrape_budget_s
+        refresh = self._refresh_backlogs(SCRAPE_REFRESH_S)
+        if refresh is not None and not refresh.done():
+            await asyncio.wait([refresh], timeout=min(SCRAPE_WAIT_S, self.scrape_budget_s / 2))
+        if self._render is None or self._render.done():
+            self._render = asyncio.ensure_future(asyncio.to_thread(render, self.engine, self.projector,
+                                                                   self.backlogs))
+            self._render.add_done_callback(self._keep)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._render), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return self.last
+
+    def _keep(self, fut: asyncio.Future[bytes]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.last = fut.result()
+
+    async def run(self) -> None:
+        """Refresh the backlogs every ``backlog_interval_s`` (a background task)."""
+        while True:  # the first refresh is a scrape's, or one interval after the start
+            await asyncio.sleep(self.backlog_interval_s)
+            refresh = self._refresh_backlogs(self.backlog_interval_s)
+            if refresh is not None:
+                await asyncio.wait([refresh])

@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     replay_max_outputs: int = Field(10_000, ge=1, le=10_000_000, description="outputs per input")
     replay_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=2**34, description="bytes of outputs per input")
     replay_handler_threads: int = Field(4, ge=1, le=256, description="threads running handlers")
+    #: /metrics (see :mod:`coordinator_api.metrics`).
+    metrics_scrape_budget_s: float = Field(5.0, gt=0, le=300, description="a scrape waits at most this for fresh data")
+    metrics_backlog_interval_s: float = Field(15.0, gt=0, le=86400, description="backlogs are read this often")
+    metrics_backlog_calls: int = Field(32, ge=1, le=10_000, description="admin calls per backlog refresh")
+    metrics_backlog_budget_s: float = Field(2.0, gt=0, le=300, description="time of a backlog refresh's calls")
     #: Limits of ``pulsar-txn api``'s HTTP server (see :mod:`coordinator_api.server`).
     header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a request's headers must arrive within this")
     keep_alive_s: float = Field(5.0, gt=0, le=3600, description="an idle connection is closed after this")
