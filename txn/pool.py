@@ -121,7 +121,12 @@ class ConnectionPool:
         except BaseException as exc:
             self._conns.pop(key, None)
             if not fut.done():
-                fut.set_exception(exc)
+                # Callers waiting on this attempt get a PulsarError even when the task that made
+                # it was cancelled: a CancelledError handed to them would end their own retry loops
+                # (a producer's reconnect task, say) as if they had been cancelled themselves.
+                err = exc if isinstance(exc, PulsarError) else ConnectError(
+                    f"connecting to {physical_url} failed: {type(exc).__name__}: {exc}")
+                fut.set_exception(err)
                 fut.exception()  # mark retrieved
             raise
         fut.set_result(conn)

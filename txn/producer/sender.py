@@ -160,6 +160,17 @@ class Sender:
                 log.info("producer %s on %s reconnected; re-sent %d pending", self.producer_name,
                          self.topic, len(self._pending))
                 return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._closed or (task is not None and task.cancelling()):
+                    raise
+                # A cancellation that reached us through something shared (not this task's own):
+                # never let it end the reconnect loop, or the producer waits for nothing forever.
+                log.info("producer reconnect to %s interrupted; retrying", self.topic)
+                continue
+            except (OSError, RuntimeError) as exc:
+                log.info("producer reconnect to %s failed (%s); retrying", self.topic, exc)
+                continue
             except PulsarError as exc:
                 # A broker that is still starting (after a restart) answers some of these, e.g.
                 # UnknownError "Bookie handle is not available" while its managed ledger opens.
