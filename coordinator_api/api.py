@@ -89,6 +89,9 @@ ReplayIdPath = Annotated[str, Path(description="replay id", min_length=1, max_le
 NameFilter = Annotated[str | None, Query(max_length=256, description="exact job name")]
 LedgerTopic = Annotated[str | None, Query(min_length=1, max_length=512,
                                           description="the batch's ledger topic (needed if the id is in several)")]
+RecordsLimit = Annotated[int, Query(ge=1, le=1000, description="ledger records per answer")]
+#: The paging fields of an answer with ledger records.
+RECORD_PAGE = ("records", "records_total", "records_offset", "records_limit", "records_truncated")
 TxnLedgerTopic = Annotated[str | None, Query(min_length=1, max_length=512, description=(
     "the transaction's ledger topic (needed if the id is in several)"))]
 
@@ -213,19 +216,20 @@ async def transactions_timeseries(
 @reads.get("/transactions/{txn_id}", response_model=TransactionDetail,
            responses={**AUTH_ERRORS, **NOT_FOUND, **BAD_ID, 503: {"model": Error}})
 async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core), ledger_topic: TxnLedgerTopic = None,
-                          ) -> dict[str, Any]:
+                          records_limit: RecordsLimit = 100, records_offset: Offset = 0) -> dict[str, Any]:
     """A transaction: its ledger record(s) and, while it is live, the coordinator's metadata.
 
     Transactions are keyed by (ledger topic, transaction id): an id found in several ledger topics
     needs ``ledger_topic`` (409 otherwise, listing them)."""
     tid = parse_txn_id(txn_id)
-    rows = await asyncio.to_thread(queries.transaction_detail, c.reader, tid, ledger_topic)
+    rows = await asyncio.to_thread(queries.transaction_detail, c.reader, tid, ledger_topic, records_limit,
+                                   records_offset)
     if len(rows) > 1:
         topics = ", ".join(r["ledger_topic"] for r in rows)
         raise HTTPException(409, f"transaction {tid} is in several ledger topics ({topics}): "
                                  "name one with ?ledger_topic=")
     row = rows[0] if rows else None
-    recs = row.pop("records", []) if row is not None else []
+    page = {k: row.pop(k) for k in RECORD_PAGE if k in row} if row is not None else {}
     live = None
     if row is None or row["state"] == "OPEN":
         meta = await _live(c, c.live.txn_metadata, tid)
@@ -242,7 +246,7 @@ async def get_transaction(txn_id: TxnIdPath, c: Core = Depends(core), ledger_top
             topic, _, sub = ts.rpartition(":")
             pending[ts] = await _live(c, c.live.pending_ack_stats, topic, sub)
     state = live.status if live is not None and live.status else row["state"]  # type: ignore[index]
-    return {"txn_id": tid, "state": state, "ledger": row, "records": recs, "live": live, "buffers": buffers,
+    return {"txn_id": tid, "state": state, "ledger": row, "records": [], **page, "live": live, "buffers": buffers,
             "pending_acks": pending}
 
 
@@ -327,9 +331,12 @@ def _one_batch(rows: list[dict[str, Any]], batch_id: str, ledger_topic: str | No
 
 @reads.get("/batches/{batch_id:path}", response_model=BatchDetail,
            responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": Error}})
-async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core), ledger_topic: LedgerTopic = None) -> dict[str, Any]:
-    """A batch, its ledger records and its replay."""
-    rows = await asyncio.to_thread(queries.batch_detail, c.reader, batch_id, ledger_topic)
+async def get_batch(batch_id: BatchIdPath, c: Core = Depends(core), ledger_topic: LedgerTopic = None,
+                    records_limit: RecordsLimit = 100, records_offset: Offset = 0) -> dict[str, Any]:
+    """A batch, a page of its ledger records (``records_limit``, ``records_offset``; at most 8 MiB
+    of records per answer, see ``records_truncated``) and its replay."""
+    rows = await asyncio.to_thread(queries.batch_detail, c.reader, batch_id, ledger_topic, records_limit,
+                                   records_offset)
     return _one_batch(rows, batch_id, ledger_topic)
 
 

@@ -33,6 +33,7 @@ class Core:
     replays: ReplayService
     projector: Projector | None = None
     metrics: MetricsService | None = None
+    projection_client: AsyncClient | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
@@ -51,9 +52,13 @@ class Core:
                                       backlog_calls=settings.metrics_backlog_calls,
                                       backlog_budget_s=settings.metrics_backlog_budget_s)
         if settings.project:
-            core.projector = Projector(engine, client, live, topics=settings.ledger_topic_list,
+            # A client of its own: it refuses (before decompressing) any entry larger than a record may be.
+            core.projection_client = AsyncClient(settings.service_url, **broker.client_kwargs(),
+                                                 max_uncompressed_message_size=settings.projection_max_record_bytes)
+            core.projector = Projector(engine, core.projection_client, live, topics=settings.ledger_topic_list,
                                        namespaces=settings.discover_namespace_list,
-                                       chunk=settings.projection_batch,
+                                       chunk=settings.projection_batch, chunk_bytes=settings.projection_chunk_bytes,
+                                       max_record_bytes=settings.projection_max_record_bytes,
                                        discover_interval_s=settings.discover_interval_s,
                                        resolve_after_ms=settings.resolve_after_ms)
             core.metrics.projector = core.projector
@@ -90,4 +95,6 @@ class Core:
             await self.projector.stop()
         await self.replays.stop()
         await self.client.close()
+        if self.projection_client is not None:
+            await self.projection_client.close()
         self.engine.dispose()

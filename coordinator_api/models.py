@@ -62,6 +62,11 @@ class TransactionDetail(BaseModel):
     state: str
     ledger: Transaction | None
     records: list[dict[str, Any]]
+    records_total: int = 0
+    records_offset: int = 0
+    records_limit: int = 0
+    records_truncated: bool = Field(False, description="the page stopped early: its records reached the byte "
+                                                       "limit of one answer; ask for the next with records_offset")
     live: LiveTxn | None
     buffers: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     pending_acks: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
@@ -129,9 +134,15 @@ class Batch(BaseModel):
 
 
 class BatchDetail(Batch):
-    """A batch with its ledger records, oldest first."""
+    """A batch with one page of its ledger records, oldest first (``records_offset``,
+    ``records_limit``; ``records_total`` in all)."""
 
     records: list[dict[str, Any]]
+    records_total: int = 0
+    records_offset: int = 0
+    records_limit: int = 0
+    records_truncated: bool = Field(False, description="the page stopped early: its records reached the byte "
+                                                       "limit of one answer; ask for the next with records_offset")
 
 
 class Job(BaseModel):

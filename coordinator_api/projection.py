@@ -1,13 +1,18 @@
 """Project ledger topics into SQL: idempotent, resumable, no gaps, no double counts.
 
 Each ledger topic is tailed by a Reader that starts just after the position stored in
-``projection_positions``. A chunk of records is applied in one database transaction: the raw
+``projection_positions``. A chunk is bounded by records and by their decompressed bytes; a
+message larger than a record may be (``max_record_bytes``) is quarantined with its size, and the
+projection's client refuses it by its declared size before decompressing it, so it is never held
+whole; the reader's prefetch is bounded the same way. Records are parsed in the worker thread,
+never on the event loop. A chunk of records is applied in one database transaction: the raw
 records (unique by topic + message id, so a record read twice is ignored), the recomputed
 ``batches`` and ``transactions`` rows they touch, and the new position. A crash between
 chunks re-reads at most the last chunk, and re-reading changes nothing.
 
 A message that is not a valid record (:meth:`LedgerRecord.from_json` checks types and bounds,
-and size and nesting before parsing), or a record the database refuses, is quarantined: kept
+and size and nesting before parsing), a record with counts the columns do not hold
+(:func:`column_fault`), or a record the database refuses, is quarantined: kept
 raw (bounded) with the reason in ``quarantine``, and the projection moves past it. Batches and
 transactions are keyed by (ledger topic, id): a row is computed from the records of its own ledger
 topic only, and no record of another ledger topic can change it.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +34,10 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 from txn.client import AsyncClient
 from txn.delivery.batch_ids import is_stream_next
 from txn.delivery.ledger import COMMITTING_KINDS, Kind, LedgerRecord, LedgerSchemaError, now_ms
-from txn.delivery.ledger_reader import LedgerEntry, LedgerReader
+from txn.delivery.ledger_reader import LedgerEntry
 from txn.delivery.ledger_reader import entry_of as entry_of  # re-exported (it lived here)
-from txn.message import EARLIEST, MessageId
+from txn.errors import CorruptMessage, Timeout
+from txn.message import EARLIEST, Message, MessageId
 
 from . import db
 from .live import Live
@@ -80,9 +87,27 @@ def _record_row(topic: str, e: Entry) -> dict[str, Any]:
     }
 
 
+_DECLARED = re.compile(r"declared uncompressed size (\d+)")
+
+
+def _size_of(e: Entry) -> int:
+    """Bytes of the message: its payload, or for one refused before decoding, the size it declared."""
+    if e.raw:
+        return len(e.raw)
+    m = _DECLARED.search(e.reason or "")
+    return min(int(m.group(1)), db.MAX_COUNT) if m else 0
+
+
 def _quarantine_row(topic: str, e: Entry, reason: str) -> dict[str, Any]:
     return {"topic": topic, **_pos(e.msg_id), "publish_ms": e.publish_ms, "reason": reason[:1024],
-            "size": len(e.raw), "raw": e.raw[:db.QUARANTINE_RAW_BYTES], "quarantined_at_ms": now_ms()}
+            "size": _size_of(e), "raw": e.raw[:db.QUARANTINE_RAW_BYTES], "quarantined_at_ms": now_ms()}
+
+
+def too_big(msg_id: MessageId, publish_ms: int, size: int, limit: int, head: bytes = b"") -> Entry:
+    """The entry of a message larger than the projection's record limit: only its first bytes are
+    kept (``head``), and the reason states the size (as the decoder words it, see :func:`_size_of`)."""
+    return Entry(msg_id, publish_ms, None, head,
+                 f"record too large: declared uncompressed size {size} exceeds the limit of {limit} bytes")
 
 
 def column_fault(rec: LedgerRecord) -> str | None:
@@ -308,6 +333,10 @@ class Projector:
     topics: list[str] = field(default_factory=list)  # fixed list
     namespaces: list[str] = field(default_factory=list)  # discover ledger topics in these; empty: no discovery
     chunk: int = 500
+    #: Bytes of records (decompressed) in one chunk, at least one record.
+    chunk_bytes: int = 8 * 1024 * 1024
+    #: The largest record projected; a larger message is quarantined with its size, never held whole.
+    max_record_bytes: int = 1024 * 1024
     discover_interval_s: float = 10.0
     resolve_after_ms: int = 15_000
     status: dict[str, TopicStatus] = field(default_factory=dict)
@@ -343,13 +372,19 @@ class Projector:
                 log.warning("ledger topic discovery failed: %s", describe(exc))
             await asyncio.sleep(self.discover_interval_s)
 
+    @property
+    def queue_size(self) -> int:
+        """The reader's prefetch, in messages: at most twice ``chunk_bytes`` of records of the
+        largest size allowed (each message is decompressed when it arrives), at least 4."""
+        return max(4, min(self.chunk, 2 * self.chunk_bytes // max(1, self.max_record_bytes)))
+
     async def _tail(self, topic: str) -> None:
         st = self.status[topic]
         backoff = 0.5
         while True:
             try:
                 start = await asyncio.to_thread(load_position, self.engine, topic)
-                reader = await LedgerReader.open(self.client, topic, start or EARLIEST, receiver_queue_size=self.chunk)
+                reader = await self.client.create_reader(topic, start or EARLIEST, receiver_queue_size=self.queue_size)
                 st.error = None
                 try:
                     await self._read(topic, reader, st)
@@ -363,11 +398,52 @@ class Projector:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-    async def _read(self, topic: str, reader: LedgerReader, st: TopicStatus) -> None:
+    async def _chunk(self, reader: Any, wait_ms: int = 1000, more_ms: int = 20) -> list[Message | Entry]:
+        """The next messages, as :meth:`txn.delivery.ledger_reader.LedgerReader.chunk` takes them,
+        but bounded by bytes as well (``chunk_bytes`` of payload, at least one message) and not
+        parsed here (on the event loop): parsing is the worker thread's. A message that failed its
+        checksum or size checks (one decompressing past ``max_record_bytes`` is refused by the
+        client before it is decompressed) is an entry to quarantine, never retried."""
+        out: list[Message | Entry] = []
+        size = 0
+        try:
+            m = await reader.read_next(timeout_millis=wait_ms)
+            out.append(m)
+            size += len(m.data())
+            while len(out) < self.chunk and size < self.chunk_bytes:
+                m = await reader.read_next(timeout_millis=more_ms)
+                out.append(m)
+                size += len(m.data())
+        except Timeout:
+            pass
+        except CorruptMessage as exc:
+            out.append(Entry(exc.message_id, 0, None, b"", f"corrupt message ({exc.reason}): {exc.message}"))
+        return out
+
+    def _entries(self, got: list[Message | Entry]) -> list[Entry]:
+        """Parse (in the worker thread): a message larger than ``max_record_bytes`` is not parsed."""
+        out = []
+        for m in got:
+            if isinstance(m, Entry):
+                out.append(m)
+            elif len(m.data()) > self.max_record_bytes:
+                out.append(too_big(m.message_id(), m.publish_timestamp(), len(m.data()), self.max_record_bytes,
+                                   m.data()[:db.QUARANTINE_RAW_BYTES]))
+            else:
+                out.append(entry_of(m))
+        return out
+
+    def _apply(self, topic: str, got: list[Message | Entry]) -> tuple[int, int, MessageId]:
+        entries = self._entries(got)
+        new, quarantined = apply_chunk(self.engine, topic, entries)
+        return new, quarantined, entries[-1].msg_id
+
+    async def _read(self, topic: str, reader: Any, st: TopicStatus) -> None:
         while True:
-            entries = await reader.chunk(self.chunk)  # a corrupt message is an entry to quarantine, never retried
-            if entries:
-                new, quarantined = await asyncio.to_thread(apply_chunk, self.engine, topic, entries)
+            got = await self._chunk(reader)
+            if got:
+                new, quarantined, last = await asyncio.to_thread(self._apply, topic, got)
+                del got
                 if quarantined:
                     log.warning("projection of %s: %d message(s) quarantined (see GET /quarantine)", topic,
                                 quarantined)
@@ -375,7 +451,7 @@ class Projector:
                 st.skipped += quarantined
                 st.quarantined += quarantined
                 st.error = None
-                st.position = str(entries[-1].msg_id)
+                st.position = str(last)
                 st.last_applied_ms = now_ms()
 
     async def _resolve_loop(self) -> None:

@@ -85,10 +85,16 @@ _TXN_BY_KEY = _TXNS_BY_ID.where(_t.c.ledger_topic == bindparam("ledger_topic"))
 #: the same way every time), and the row of one (ledger topic, batch id).
 _BATCHES_BY_ID = select(_b).where(_b.c.batch_id == bindparam("batch_id")).order_by(_b.c.ledger_topic).limit(20)
 _BATCH_BY_KEY = _BATCHES_BY_ID.where(_b.c.ledger_topic == bindparam("ledger_topic"))
-_RECORDS = {"txn_id": select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c.txn_id == bindparam("id"))
-            .where(_r.c.topic == bindparam("topic")).order_by(_r.c.id),
-            "batch_id": select(_r.c.record, _r.c.topic, _r.c.publish_ms).where(_r.c.batch_id == bindparam("id"))
-            .where(_r.c.topic == bindparam("topic")).order_by(_r.c.id)}
+_RECORD_FILTERS = {"txn_id": (_r.c.txn_id == bindparam("id")) & (_r.c.topic == bindparam("topic")),
+                   "batch_id": (_r.c.batch_id == bindparam("id")) & (_r.c.topic == bindparam("topic"))}
+#: One page of the records of a transaction or a batch (oldest first; ``limit`` and ``offset``),
+#: each with its size, and their number.
+_RECORDS = {k: select(_r.c.record, _r.c.topic, _r.c.publish_ms, func.length(_r.c.record)).where(f).order_by(_r.c.id)
+            .limit(bindparam("limit", type_=Integer)).offset(bindparam("offset", type_=Integer))
+            for k, f in _RECORD_FILTERS.items()}
+_RECORD_COUNTS = {k: select(func.count()).select_from(_r).where(f) for k, f in _RECORD_FILTERS.items()}
+#: Bytes of records one answer holds at most (the rest: ``records_truncated``, and the next page).
+MAX_RECORD_BYTES_PER_ANSWER = 8 * 1024 * 1024
 _REPLAYS_OF = select(_rep).where(_rep.c.batch_id.in_(bindparam("ids", expanding=True)))
 _REPLAY_FIELDS = [c.name for c in _rep.columns if c.name != "resumes"]
 
@@ -105,25 +111,38 @@ def get_transactions(engine: Engine, txn_id: str, ledger_topic: str | None = Non
         return _txns(conn, txn_id, ledger_topic)
 
 
-def _records(conn: Connection, column: str, value: str, topic: str | None = None) -> list[dict[str, Any]]:
-    """Ledger records whose ``column`` (``txn_id``, or ``batch_id`` in ledger ``topic``) is ``value``,
-    oldest first, as JSON objects."""
-    out = []
-    for rec, rec_topic, publish_ms in conn.execute(_RECORDS[column], {"id": value, "topic": topic}).all():
+def _records(conn: Connection, column: str, value: str, topic: str, limit: int = 100,
+             offset: int = 0) -> dict[str, Any]:
+    """One page of the ledger records whose ``column`` (``txn_id`` or ``batch_id``) is ``value`` in
+    ledger ``topic``, oldest first, as JSON objects: ``records``, ``records_total``, ``records_offset``,
+    ``records_limit`` and ``records_truncated`` (the page stopped early: its records reached
+    :data:`MAX_RECORD_BYTES_PER_ANSWER` bytes; it holds at least one record)."""
+    params = {"id": value, "topic": topic}
+    total = conn.execute(_RECORD_COUNTS[column], params).scalar_one()
+    out: list[dict[str, Any]] = []
+    size, truncated = 0, False
+    for rec, rec_topic, publish_ms, length in conn.execute(_RECORDS[column],
+                                                           {**params, "limit": limit, "offset": offset}):
+        size += int(length or 0)
+        if out and size > MAX_RECORD_BYTES_PER_ANSWER:
+            truncated = True
+            break
         d = json.loads(rec)
         d["ledger_topic"] = rec_topic
         d["publish_ms"] = publish_ms
         out.append(d)
-    return out
+    return {"records": out, "records_total": total, "records_offset": offset, "records_limit": limit,
+            "records_truncated": truncated}
 
 
-def transaction_detail(engine: Engine, txn_id: str, ledger_topic: str | None = None) -> list[dict[str, Any]]:
-    """:func:`get_transactions`; if there is exactly one row, with its ledger records (``records``,
-    oldest first, of its own ledger topic)."""
+def transaction_detail(engine: Engine, txn_id: str, ledger_topic: str | None = None, limit: int = 100,
+                       offset: int = 0) -> list[dict[str, Any]]:
+    """:func:`get_transactions`; if there is exactly one row, with a page of its ledger records
+    (``records``..., see :func:`_records`; of its own ledger topic)."""
     with engine.connect() as conn:
         rows = _txns(conn, txn_id, ledger_topic)
         for row in rows[:1] if len(rows) == 1 else []:
-            row["records"] = _records(conn, "txn_id", txn_id, row["ledger_topic"])
+            row.update(_records(conn, "txn_id", txn_id, row["ledger_topic"], limit, offset))
     return rows
 
 
@@ -168,12 +187,14 @@ def get_batches(engine: Engine, batch_id: str, ledger_topic: str | None = None) 
         return _with_replays(conn, _batches(conn, batch_id, ledger_topic))
 
 
-def batch_detail(engine: Engine, batch_id: str, ledger_topic: str | None = None) -> list[dict[str, Any]]:
-    """:func:`get_batches`, each with its ledger records (``records``, oldest first)."""
+def batch_detail(engine: Engine, batch_id: str, ledger_topic: str | None = None, limit: int = 100,
+                 offset: int = 0) -> list[dict[str, Any]]:
+    """:func:`get_batches`; if there is exactly one row, with a page of its ledger records
+    (``records``..., see :func:`_records`)."""
     with engine.connect() as conn:
         rows = _with_replays(conn, _batches(conn, batch_id, ledger_topic))
         for row in rows[:1] if len(rows) == 1 else []:
-            row["records"] = _records(conn, "batch_id", batch_id, row["ledger_topic"])
+            row.update(_records(conn, "batch_id", batch_id, row["ledger_topic"], limit, offset))
     return rows
 
 

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     discover_namespaces: str = Field("", description="comma-separated tenant/namespace to discover ledger topics in")
     discover_interval_s: float = Field(10.0, gt=0, description="how often to look for new ledger topics")
     projection_batch: int = Field(500, ge=1, le=5000, description="ledger records per database transaction")
+    projection_chunk_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=1024**3,
+                                        description="bytes of records (decompressed) per database transaction")
+    #: A ledger message (or batch entry) that decompresses to more is quarantined with its size,
+    #: never decompressed: the client refuses it before decoding.
+    projection_max_record_bytes: int = Field(1024 * 1024, ge=4096, le=5 * 1024 * 1024,
+                                             description="the largest ledger record projected")
     project: bool = Field(True, description="run the ledger projection in this process")
     slow_txn_ms: int = Field(30_000, ge=0, description="an open transaction older than this is slow")
     #: A ledger-OPEN transaction the coordinator no longer knows, older than this, is marked aborted.

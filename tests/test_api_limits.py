@@ -11,11 +11,16 @@ headers and the server's timeouts (10), a handler cannot stall or flood the API 
 from __future__ import annotations
 
 import http.client
+import http.server
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,9 +31,12 @@ from urllib.parse import quote
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, Text, create_engine, inspect, select, text
 from test_api_hostile import db_url, empty_db_url, fresh_namespace, park, projected, send, wait_projected
 
+import txn
 from coordinator_api import db
 from coordinator_api.engine import make_engine
+from coordinator_api.projection import Entry, apply_chunk
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic
+from txn.message import MessageId
 from txn_shell.localbroker import free_port
 
 from api_server import ROOT, TOKEN, ApiServer
@@ -369,10 +377,46 @@ def test_a_handler_cannot_stall_or_flood_the_api(broker: Any, tmp_path: Path) ->
 # ------------------------------------------------------------------------------------------ item 8
 
 
+class CountingProxy:
+    """An HTTP proxy on loopback in front of the broker's admin API that counts the topic-stats
+    calls it forwards (GETs only)."""
+
+    def __init__(self, target: str) -> None:
+        self.stats_calls = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                if self.path.endswith(("/stats", "/partitioned-stats")):
+                    proxy.stats_calls += 1
+                try:
+                    with urllib.request.urlopen(target + self.path, timeout=30) as resp:
+                        status, body, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "")
+                except urllib.error.HTTPError as e:
+                    status, body, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
+                self.send_response(status)
+                self.send_header("Content-Type", ctype or "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_records_cannot_make_metrics_slow(broker: Any, tmp_path: Path) -> None:
     """STARTED records of 60 jobs, each naming 64 input topics (the backlog series read them):
-    every /metrics scrape answers within 1 s, the first one included, and the backlog is read in
-    the background with a bounded number of admin calls per refresh, whatever the records say."""
+    every /metrics scrape answers within 1 s, the first one included, and the backlogs are read
+    with at most 32 topic-stats calls per refresh (the default), whatever the records say."""
     ns = fresh_namespace(broker)
     ledger = default_ledger_topic(f"persistent://{ns}/x")
     tag = uuid.uuid4().hex[:8]
@@ -381,19 +425,147 @@ def test_records_cannot_make_metrics_slow(broker: Any, tmp_path: Path) -> None:
                          config={"subscription": "s", "inputs": [f"persistent://{ns}/in-{j}-{i}" for i in range(64)]})
             for j in range(60)]
     send(broker, ledger, [(r.batch_id, r.to_json()) for r in recs])
-    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger]).start()
+    proxy = CountingProxy(broker.admin_url)
+    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                       extra_env={"PULSAR_TXN_ADMIN_URL": proxy.url})
     try:
+        server.start()
         wait_projected(server, ledger, len(recs))
-        took = []
+        began, took = time.monotonic(), []
         for _ in range(4):
             t0 = time.monotonic()
             status, text = server.request("GET", "/metrics", timeout=60)
             took.append(round(time.monotonic() - t0, 3))
             assert status == 200 and f'pulsartxn_batches{{job="wide-{tag}-0",status="STARTED"}} 1.0' in text
             time.sleep(0.5)
-        print(f"/metrics scrapes took {took} s")
+        # Refreshes: one per scrape at most, one at start and one per 15 s (the default interval).
+        refreshes = len(took) + 2 + int((time.monotonic() - began) // 15)
+        print(f"/metrics scrapes took {took} s; {proxy.stats_calls} topic-stats calls")
         assert max(took) < 1.0, took
-        calls = [line for line in text.splitlines() if line.startswith("pulsartxn_backlog_admin_calls ")]
-        assert calls and float(calls[0].split()[1]) <= 32, calls  # the per-refresh budget (default)
+        assert 0 < proxy.stats_calls <= 32 * refreshes, proxy.stats_calls
+        assert "pulsartxn_subscription_backlog_messages" in text
+    finally:
+        server.stop()
+        proxy.close()
+
+
+# ------------------------------------------------------------------------------------------ item 1
+
+#: The API process's address-space limit in the flood test (it idles at about 0.6 GiB of address
+#: space, threads' stacks included; the flood took an unbounded projection past 2 GiB).
+API_MEMORY_LIMIT = 1536 * 1024 * 1024
+
+
+def _memory_limited_env(tmp_path: Path, limit: int) -> dict[str, str]:
+    """Environment that makes the API process set ``RLIMIT_AS`` to ``limit`` at start (a
+    ``sitecustomize`` module on its path, so the limit is the child's own)."""
+    hook = tmp_path / "memlimit"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(
+        "import os, resource\n"
+        "limit = int(os.environ['PULSAR_TXN_TEST_RLIMIT_AS'])\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n")
+    return {"PULSAR_TXN_TEST_RLIMIT_AS": str(limit),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(hook), str(ROOT / "tests"), os.environ.get("PYTHONPATH"))
+                                          if p)}
+
+
+def _big_record(job: str, i: int, target: int = 4_900_000) -> bytes:
+    """A valid STARTED record of about ``target`` bytes (a long list of input ids: it compresses
+    to a few hundred bytes)."""
+    ids = ["(1,1,-1,-1)"] * (target // 14)
+    return LedgerRecord(kind="STARTED", job=job, batch_id=f"{job}:big-{i}", txn_id=f"(0,{10_000 + i})", attempt=1,
+                        inputs={"in": ids}, started_at_ms=1000).to_json()
+
+
+def test_compressed_giant_records_cannot_exhaust_the_api(broker: Any, tmp_path: Path) -> None:
+    """40 valid records of 4.9 MB each, ZSTD-compressed by the producer to a few hundred bytes,
+    between 60 small valid records, into an API limited to 1.5 GiB of address space: /livez
+    answers within 1 s throughout, every small record is projected, each giant one is quarantined
+    with its size (never held whole), and GET /batches/{id} stays small."""
+    ns = fresh_namespace(broker)
+    ledger = default_ledger_topic(f"persistent://{ns}/x")
+    job = f"flood-{uuid.uuid4().hex[:8]}"
+    template = _big_record(job, 0)
+    small = [LedgerRecord(kind="COMMITTED", job=job, batch_id=f"{job}:{i}", txn_id=f"(0,{i})", attempt=1,
+                          inputs={"in": [f"(1,{i},-1,-1)"]}, outputs={"out": 1}, started_at_ms=1000,
+                          ended_at_ms=1010).to_json() for i in range(60)]
+    c = txn.Client(broker.service_url)
+    try:
+        p = c.create_producer(ledger, compression_type=txn.CompressionType.ZSTD, batching_enabled=False)
+        big_sizes = []
+        for i in range(40):
+            big = template.replace(b':big-0"', f':big-{i}"'.encode(), 1)
+            big_sizes.append(len(big))
+            p.send(small[i])
+            p.send(big)
+        for s in small[40:]:
+            p.send(s)
+        p.flush()
+    finally:
+        c.close()
+    server = ApiServer(broker, f"sqlite:///{tmp_path}/api.db", tmp_path / "api.log", ledger_topics=[ledger],
+                       extra_env=_memory_limited_env(tmp_path, API_MEMORY_LIMIT)).start()
+    try:
+        worst, end = 0.0, time.monotonic() + 120
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            try:
+                server.request("GET", "/livez", timeout=5)
+                worst = max(worst, time.monotonic() - t0)
+            except OSError:
+                worst = max(worst, 5.0)
+            p = projected(server, ledger) if worst < 5 else None
+            if p is not None and p["records"] + p["quarantined"] >= 100:
+                break
+            time.sleep(0.2)
+        p = projected(server, ledger)
+        print(f"slowest /livez: {worst:.3f} s; projection: {p}")
+        assert server.proc is not None and server.proc.poll() is None, "the API died"
+        assert worst < 1.0, worst
+        assert p is not None and (p["records"], p["quarantined"]) == (60, 40), p
+        page = server.get(f"/batches?job={job}&limit=100")
+        assert (page["total"], {b["status"] for b in page["items"]}) == (60, {"COMMITTED"}), page["total"]
+        q = server.get(f"/quarantine?topic={quote(ledger, safe='')}&limit=100")
+        assert q["total"] == 40
+        assert sorted(i["size"] for i in q["items"]) == sorted(big_sizes), [i["size"] for i in q["items"]][:3]
+        assert all("exceeds" in i["reason"] and str(i["size"]) in i["reason"] for i in q["items"]), q["items"][0]
+        status, body = server.request("GET", f"/batches/{quote(job + ':3', safe='')}")
+        assert status == 200 and len(json.dumps(body)) < 100_000
+    finally:
+        server.stop()
+
+
+def test_batch_and_transaction_records_are_paged(broker: Any, tmp_path: Path) -> None:
+    """A batch with 30 records of 600 KB each (18 MB): GET /batches/{id} answers one page of them
+    of at most 8 MiB (``records_truncated``), the next with ``records_offset``; ``records_limit``
+    pages by count; the same for GET /transactions/{id}."""
+    url = f"sqlite:///{tmp_path}/api.db"
+    engine = make_engine(url)
+    topic = "persistent://public/default/paged-ledger"
+    ids = ["(1,1,-1,-1)"] * (600_000 // 14)
+    recs = [LedgerRecord(kind="STARTED", job="paged", batch_id="paged:1", txn_id="(0,1)", attempt=1 + i,
+                         inputs={"in": ids}, started_at_ms=1000 + i) for i in range(30)]
+    entries = [Entry(MessageId(7, i, -1, -1), 100 + i, r, r.to_json()) for i, r in enumerate(recs)]
+    try:
+        assert apply_chunk(engine, topic, entries) == (30, 0)
+    finally:
+        engine.dispose()
+    server = ApiServer(broker, url, tmp_path / "api.log", extra_env={"PULSAR_TXN_PROJECT": "false"}).start()
+    try:
+        for path in ("/batches/paged:1", "/transactions/(0,1)"):
+            seen, offset = [], 0
+            while offset < 30:
+                status, body = server.request("GET", f"{path}?records_offset={offset}")
+                assert status == 200, body
+                size = len(json.dumps(body["records"]))
+                assert size <= 8 * 1024 * 1024 + 700_000 and body["records_total"] == 30, (path, size)
+                n = len(body["records"])
+                assert body["records_truncated"] == (offset + n < 30), (path, offset, n)
+                seen += [r["attempt"] for r in body["records"]]
+                offset += n
+            assert seen == list(range(1, 31)), (path, seen)
+            body = server.get(f"{path}?records_limit=3&records_offset=28")
+            assert [r["attempt"] for r in body["records"]] == [29, 30] and not body["records_truncated"]
     finally:
         server.stop()

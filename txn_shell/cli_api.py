@@ -213,6 +213,14 @@ def _out(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
 
+def _records_more(d: dict[str, Any]) -> str | None:
+    """A line saying which records an answer holds, when it does not hold them all."""
+    n, total, off = len(d.get("records") or []), d.get("records_total"), d.get("records_offset") or 0
+    if total is None or off + n >= total and off == 0:
+        return None
+    return f"records {off + 1}-{off + n} of {total} (the API pages them: records_offset, records_limit)"
+
+
 def _records_table(records: list[dict[str, Any]]) -> str:
     rows = []
     for r in records:
@@ -269,6 +277,8 @@ def cmd_txns_show(args: argparse.Namespace) -> int:
     if d.get("records"):
         print("\nledger records:")
         print(_records_table(d["records"]))
+        if more := _records_more(d):
+            print(more)
     return 0
 
 
@@ -330,6 +340,8 @@ def cmd_batches_show(args: argparse.Namespace) -> int:
     if b.get("records"):
         print("\nledger records:")
         print(_records_table(b["records"]))
+        if more := _records_more(b):
+            print(more)
     return 0
 
 
