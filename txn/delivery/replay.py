@@ -176,7 +176,8 @@ async def replay_batch(
             outputs = []
             for original in originals:
                 got = await loop.run_in_executor(None, guarded, "the handler", handler, original)
-                outputs.extend(guarded("the handler's result", normalise, got))
+                # Iterating the result runs the handler's generator, if it returned one: off the loop too.
+                outputs.extend(await loop.run_in_executor(None, guarded, "the handler's result", normalise, got))
         for o in outputs:
             topic = o.topic or out_topic
             if topic is None:
