@@ -224,3 +224,40 @@ def test_three_instances_share_four_partitions_exactly_once(broker, official, un
     assert all(s.messages > 0 for s in stats), [s.messages for s in stats]
     held = [p for o in owned for p in o]
     assert sorted(held) == sorted(set(held)), owned  # no partition held by two instances at the end
+
+
+@pytest.mark.parametrize("redeliver_idle_s", [2.0, 0.0])
+def test_inputs_lost_before_a_batch_come_back_within_the_idle_bound(broker, official, unique_name, redeliver_idle_s):
+    """Inputs the broker dispatched that never reach a batch (here: taken out of the receive queue,
+    as a reconnect or a stale-epoch drop does) come back within ``redeliver_idle_s`` with the
+    consumer still connected; with the bound off they stay stranded (the broker does not redeliver
+    to a connected consumer), which shows the test can fail."""
+    inp, out, ledger = _names(unique_name)
+    p = official.create_producer(inp, batching_enabled=False)
+    for i in range(5):
+        p.send(b"%d" % i)
+    p.close()
+
+    async def main():
+        async with txn.AsyncClient(broker.service_url) as client:
+            conf = ProcessorConfig(inputs=[inp], output=out, subscription="proc", job="idle", ledger_topic=ledger,
+                                   redeliver_idle_s=redeliver_idle_s)
+            proc = AsyncProcessor(client, lambda m: m.data(), conf)
+            await proc.start()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while len(proc.consumer.receive_queue) < 5 and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+            assert proc.consumer.receive_queue.remove_where(lambda m: True) == 5
+            try:
+                await proc.run(idle_exit_ms=8000)
+            finally:
+                await proc.close()
+            return proc.stats
+
+    stats = asyncio.run(main())
+    if redeliver_idle_s:
+        assert (stats.messages, stats.outputs) == (5, 5), stats.line("idle", 0)
+        assert sorted(_read_all(official, out)) == [b"%d" % i for i in range(5)]
+    else:
+        assert (stats.messages, stats.outputs) == (0, 0), stats.line("idle", 0)

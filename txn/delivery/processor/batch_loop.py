@@ -57,6 +57,7 @@ class BatchLoop:
         assert self._consumer is not None, "call start() first"
         last_progress = time.monotonic()
         idle_since = time.monotonic()
+        last_wake = time.monotonic()  # the last batch, or the last idle redelivery request
         done = 0
         try:
             while not self._stopping.is_set():
@@ -77,8 +78,13 @@ class BatchLoop:
                     if idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight:
                         if self.config.ordering is None or not self.config.ordering.holding:
                             break
+                    wake = self.config.redeliver_idle_s
+                    if wake > 0 and now - last_wake >= wake and not self._inflight and self._consumer is not None:
+                        # Idle for a while: have the broker send again what we hold unacknowledged.
+                        self._handback.update(self._consumer.topic_consumers)
+                        last_wake = now
                     continue
-                idle_since = now
+                idle_since = last_wake = now
                 await self._process(batch, self._new_batch_id())
                 done += 1
                 if max_batches is not None and done >= max_batches:

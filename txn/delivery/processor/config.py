@@ -53,6 +53,13 @@ class ProcessorConfig:
     #: Bound on taking a partition over (waiting for the previous owner's open transactions to be
     #: resolved); default 2 x the transaction timeout + 60 s.
     claim_timeout_ms: int | None = None
+    #: Bound on redelivery: after this many seconds without any input, with nothing in flight,
+    #: the processor asks the broker to send again whatever its consumers have not acknowledged
+    #: (a Failover consumer's request rewinds its partition to the first unacknowledged input).
+    #: Inputs the broker dispatched but that never reached a batch (lost in a reconnect, dropped
+    #: as stale after a redelivery request raced a dispatch) come back within this bound instead
+    #: of waiting for a restart. 0 turns it off.
+    redeliver_idle_s: float = 10.0
     #: Bounds on what the handler returns: outputs for one input, and bytes (content, keys and
     #: properties) for the whole batch. Past either the batch fails with ``OutputLimitExceeded``
     #: (a ``ValueError``) and is retried, narrowed and parked like any failing batch; an endless
