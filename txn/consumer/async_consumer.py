@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
+from ..backoff import Backoff
 from ..context import ClientContext
-from ..errors import AlreadyClosed
+from ..errors import AlreadyClosed, PulsarError
 from ..message import Message, MessageId, ReceivedMessage
 from ..receive_queue import ReceiveQueue
 from .acks import TXN_ACK_CHUNK, _split_by_entry
@@ -17,6 +19,8 @@ from .topic_consumer import TopicConsumer
 
 if TYPE_CHECKING:
     from ..transaction import AsyncTransaction
+
+log = logging.getLogger("txn.consumer")
 
 
 class AsyncConsumer:
@@ -34,6 +38,11 @@ class AsyncConsumer:
         self.receive_queue = ReceiveQueue(asyncio.get_running_loop(), lambda sub, n: sub.send_flow(n))
         self._closed = False
         self._ticker: asyncio.Task[None] | None = None
+        #: Partitioned topic -> the partition count subscribed to (see :meth:`update_partitions`).
+        self._partition_counts: dict[str, int] = {}
+        self._per_partition_queue = conf.receiver_queue_size
+        self._discoverer: asyncio.Task[None] | None = None
+        self._discover_soon = asyncio.Event()
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._done.set_result(None)
         #: Successful (re)subscriptions of any topic/partition: a change means the broker may
@@ -47,7 +56,10 @@ class AsyncConsumer:
         per = self.conf.receiver_queue_size
         if total_parts > 1:
             per = max(1, min(per, self.conf.max_total_receiver_queue_size_across_partitions // total_parts))
+        self._per_partition_queue = per
         for t, n in zip(self._topics, counts, strict=True):
+            if n > 0:
+                self._partition_counts[t] = n
             names = [(t, -1)] if n == 0 else [(f"{t}-partition-{i}", i) for i in range(n)]
             for name, idx in names:
                 sub = TopicConsumer(self, name, idx, per)
@@ -58,7 +70,10 @@ class AsyncConsumer:
         except BaseException:
             await asyncio.gather(*(s.close() for s in self.topic_consumers), return_exceptions=True)
             raise
-        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        loop = asyncio.get_running_loop()
+        self._ticker = loop.create_task(self._tick())
+        if self._partition_counts:
+            self._discoverer = loop.create_task(self._discover())
 
     async def _tick(self) -> None:
         interval = max(self.conf.ack_grouping_time_ms, 10) / 1000.0
@@ -67,6 +82,90 @@ class AsyncConsumer:
             for s in self.topic_consumers:
                 s.flush_acks()
                 s.process_nacks()
+
+    # ------------------------------------------------------ partition discovery
+
+    def on_topic_consumer_lost(self, sub: TopicConsumer) -> None:
+        """A partition's consumer was closed by the broker or lost its connection (it resubscribes)."""
+        if sub.partition >= 0:
+            self._discover_soon.set()
+
+    def on_topic_consumer_resubscribed(self, sub: TopicConsumer) -> None:
+        """A partition's consumer subscribed again, maybe to a topic deleted and re-created meanwhile."""
+        if sub.partition >= 0:
+            self._discover_soon.set()
+
+    async def _discover(self) -> None:
+        """Check the partition counts every ``partitions_update_interval_ms``, and soon after any
+        partition consumer was closed or resubscribed (a topic deleted and re-created with more
+        partitions closes the old ones first); while a check finds no count or fails, check again
+        with backoff."""
+        interval = max(self.conf.partitions_update_interval_ms, 100) / 1000.0
+        retry = Backoff(0.2, min(interval, 5.0))
+        wait = interval
+        while not self._closed:
+            try:
+                await asyncio.wait_for(self._discover_soon.wait(), wait)
+            except TimeoutError:
+                pass
+            if self._closed:
+                return
+            self._discover_soon.clear()
+            try:
+                complete = await self.update_partitions()
+            except Exception:
+                log.exception("checking the partitions of %s failed", list(self._partition_counts))
+                complete = False
+            if complete:
+                retry = Backoff(0.2, min(interval, 5.0))
+                wait = interval
+            else:
+                wait = retry.next()
+
+    async def update_partitions(self) -> bool:
+        """Subscribe to the partitions of the subscribed partitioned topics that have no consumer yet
+        (e.g. a topic deleted and re-created with more partitions, or partitions added with the admin
+        API). Returns False when a count could not be read or a partition not subscribed (check again
+        soon). A partition count that went down is left alone: the missing partitions' consumers keep
+        trying to resubscribe (the topic may come back)."""
+        topics = list(self._partition_counts)
+        counts = await asyncio.gather(*(self.ctx.pool.partitions(t) for t in topics), return_exceptions=True)
+        complete = True
+        new: list[tuple[str, TopicConsumer]] = []
+        for t, n in zip(topics, counts, strict=True):
+            if isinstance(n, BaseException):
+                if not isinstance(n, PulsarError | OSError | TimeoutError):
+                    raise n
+                log.debug("partition count of %s not read (%s); checking again soon", t, n)
+                complete = False
+                continue
+            if n == 0:
+                # Deleted and not (yet) re-created, or re-created non-partitioned: no count to act on.
+                complete = False
+                continue
+            if n < self._partition_counts[t]:
+                log.warning("%s has %d partitions now, fewer than the %d subscribed; keeping them all",
+                            t, n, self._partition_counts[t])
+            for i in range(n):
+                name = f"{t}-partition-{i}"
+                if name not in self._by_topic:
+                    new.append((t, TopicConsumer(self, name, i, self._per_partition_queue)))
+        if not new:
+            return complete
+        results = await asyncio.gather(*(sub.start() for _, sub in new), return_exceptions=True)
+        for (t, sub), r in zip(new, results, strict=True):
+            if isinstance(r, BaseException):
+                log.info("subscribe to new partition %s failed (%s); retrying soon", sub.topic, r)
+                await sub.close()
+                complete = False
+            elif self._closed:
+                await sub.close()
+            else:
+                log.info("subscribed to new partition %s", sub.topic)
+                self.topic_consumers.append(sub)
+                self._by_topic[sub.topic] = sub
+                self._partition_counts[t] = max(self._partition_counts[t], sub.partition + 1)
+        return complete
 
     # -------------------------------------------------------------------- API
 
@@ -220,8 +319,7 @@ class AsyncConsumer:
         if self._closed:
             return
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
+        self._stop_tasks()
         self.receive_queue.close()
         await asyncio.gather(*(s.close() for s in self.topic_consumers), return_exceptions=True)
         self.ctx.forget(self)
@@ -230,8 +328,12 @@ class AsyncConsumer:
         """Delete the subscription on the broker and close."""
         self.check_open()
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
+        self._stop_tasks()
         self.receive_queue.close()
         await asyncio.gather(*(s.close(unsubscribe=True) for s in self.topic_consumers))
         self.ctx.forget(self)
+
+    def _stop_tasks(self) -> None:
+        for task in (self._ticker, self._discoverer):
+            if task is not None:
+                task.cancel()

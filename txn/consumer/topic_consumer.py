@@ -24,6 +24,10 @@ log = logging.getLogger("txn.consumer")
 T = pb.BaseCommand
 
 
+class ClosedWhileSubscribing(ConnectError):
+    """The broker closed a consumer between answering its SUBSCRIBE and our handling of the answer."""
+
+
 class TopicConsumer(MessageFlow, AckTracker):
     """Consumer on one topic or partition; :class:`AsyncConsumer` holds one per partition.
 
@@ -62,7 +66,13 @@ class TopicConsumer(MessageFlow, AckTracker):
     # ---------------------------------------------------------------- subscribe
 
     async def start(self) -> None:
-        await self._subscribe()
+        try:
+            await self._subscribe()
+        except ClosedWhileSubscribing:
+            # The broker closed the consumer as it subscribed (its topic was unloaded, deleted or
+            # re-created under it): not an error of the caller's; subscribe again in the background.
+            log.info("consumer on %s was closed by the broker while subscribing; resubscribing", self.topic)
+            self._schedule_reconnect()
 
     async def _subscribe(self) -> None:
         conf = self.conf
@@ -96,6 +106,14 @@ class TopicConsumer(MessageFlow, AckTracker):
         except BaseException:
             conn.consumers.pop(self.consumer_id, None)
             raise
+        if conn.consumers.get(self.consumer_id) is not self:
+            # The answer came, but so did a CLOSE_CONSUMER (or the connection dropped) before this
+            # coroutine resumed: both are dispatched from one read, and the close already ran
+            # _lost() while _conn was None (ignored, or skipped because this very reconnect was
+            # running). Marking the consumer ready now would leave it "subscribed" to nothing: no
+            # FLOW the broker accepts, no messages, no further resubscribe.
+            raise ClosedWhileSubscribing("the broker closed the consumer while it was subscribing",
+                                         topic=self.topic)
         self._conn = conn
         pool = self.ctx.pool
         self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
@@ -123,6 +141,14 @@ class TopicConsumer(MessageFlow, AckTracker):
         if self._closed or (self._reconnect_task and not self._reconnect_task.done()):
             return
         log.info("consumer on %s disconnected (%s); resubscribing", self.topic, exc)
+        self._schedule_reconnect()
+        notify = getattr(self.parent, "on_topic_consumer_lost", None)
+        if notify is not None:
+            notify(self)
+
+    def _schedule_reconnect(self) -> None:
+        if self._closed or (self._reconnect_task and not self._reconnect_task.done()):
+            return
         self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
@@ -133,6 +159,9 @@ class TopicConsumer(MessageFlow, AckTracker):
                 await self._subscribe()
                 log.info("consumer on %s resubscribed", self.topic)
                 self.flush_acks()
+                notify = getattr(self.parent, "on_topic_consumer_resubscribed", None)
+                if notify is not None:
+                    notify(self)
                 return
             except PulsarError as exc:
                 log.debug("resubscribe to %s failed: %s", self.topic, exc)
