@@ -179,24 +179,34 @@ def test_guard_ignores_other_jobs_and_uncommitted_records(broker, unique_name):
         LedgerRecord(kind="COMMITTED", job="mine", batch_id="b5", txn_id="(0,5)", attempt=1,
                      inputs={"persistent://public/default/elsewhere": ["(5,5,-1,-1)"]}),
         LedgerRecord(kind="PARKED", job="mine", batch_id="b6", txn_id="(0,6)", attempt=1, inputs={inp: ["(5,6,-1,3)"]}),
+        # Committing, of this job and input, but written outside the transaction it names: untrusted.
+        LedgerRecord(kind="COMMITTED", job="mine", batch_id="b7", txn_id="(0,7)", attempt=1,
+                     inputs={inp: ["(5,7,-1,-1)"]}),
     ]
 
-    async def main() -> tuple[int, set[int]]:
+    async def main() -> tuple[int, set[int], int]:
         async with txn.AsyncClient(broker.service_url) as client:
             p = await client.create_producer(ledger)
             for r in recs:
-                await p.send(r.to_json())
+                if r.kind in ("COMMITTED", "PARKED") and r.batch_id != "b7":
+                    # Written the way the job writes them: inside the transaction the record names.
+                    t = await client.new_transaction()
+                    r.txn_id = str(t.id)
+                    await p.send(r.to_json(), txn=t)
+                    await t.commit()
+                else:
+                    await p.send(r.to_json())
             await p.send(b'{"job":"mine","kind":"COMMITTED","inputs":{"x":5}}')  # malformed: ignored
             last = await p.send(b"not json")
             guard = LedgerGuard(client, ledger, "mine", [inp])
             await guard.start()
             await guard.wait_past(last, 30)
-            known = {e for e in range(1, 7) if guard.committed.contains(_msg(inp, 5, e, -1 if e != 6 else 3))}
+            known = {e for e in range(1, 8) if guard.committed.contains(_msg(inp, 5, e, -1 if e != 6 else 3))}
             await guard.close()
-            return guard.records_applied, known
+            return guard.records_applied, known, guard.untrusted
 
-    applied, known = asyncio.run(main())
-    assert (applied, known) == (2, {1, 6})
+    applied, known, untrusted = asyncio.run(main())
+    assert (applied, known, untrusted) == (2, {1, 6}, 1)  # b7 (the malformed one is counted as malformed)
 
 
 def _msg(topic: str, ledger: int, entry: int, index: int) -> txn.Message:
