@@ -12,6 +12,14 @@ subscription's backlog 0 in the broker's admin stats) within a limit, or the run
 stranded inputs (processed by no one while every instance is up: an abort whose inputs the broker
 keeps assigned to a consumer that stays connected).
 
+With ``network=True`` the processors reach the broker the way Kubernetes users do, through the
+real Apache Pulsar Proxy (``bin/pulsar proxy``, :mod:`txn_shell.localproxy`), and between each
+instance and the proxy sits a fault-injecting TCP relay (:mod:`netfault`): the plan then also
+stalls the network (sockets open, nothing moves), resets every connection (RST), black-holes it
+for longer than the keep-alive and the transaction timeout (silence both ways, then the broken
+connections reset), and slows it to small fragments, for every instance at once or for one. The
+generator and the verifier talk to the broker directly.
+
 A :class:`Shape` says how the inputs look: a batched or unbatched producer, a partitioned input
 or not, a 1:1 handler or one emitting ``id % 3`` outputs, deduplication on or off on the
 output namespace. The check cannot be fooled by its own tools: the generator counts only the
@@ -39,11 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulsar
+from netfault import NetFault
 
 import txn
 from txn.admin import admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup, topic_path
 from txn.delivery.replay import read_ledger
-from txn_shell.localbroker import BrokerError
+from txn_shell.localbroker import HOST, BrokerError
+from txn_shell.localproxy import LocalProxy
 
 #: Handlers by shape name: payload ``%08d`` in, outputs ``<id>`` (one) or ``<id>:<k>`` (mod3).
 HANDLERS = {"one": "txn_shell.examples.handlers:upper", "mod3": "txn_shell.examples.handlers:mod3"}
@@ -128,6 +138,15 @@ class ChaosResult:
     drain_exits: int = 0
     #: Resumed zombies that exited by themselves (reported, not a failure: a fenced zombie may).
     zombie_exits: int = 0
+    #: Network mode: the processors connect through a fault relay and the Pulsar Proxy.
+    network: bool = False
+    net_stalls: int = 0
+    net_resets: int = 0
+    net_blackholes: int = 0
+    net_slows: int = 0
+    #: Connections the relay reset (``net-reset`` and at the end of each black hole), bytes it dropped.
+    net_conns_reset: int = 0
+    net_dropped_bytes: int = 0
     seconds: float = 0.0
     duplicated_ids: list[tuple[int, int]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -146,7 +165,10 @@ class ChaosResult:
                 f"drain_s={'none' if self.drain_s is None else f'{self.drain_s:.1f}'} "
                 f"(limit {self.drain_limit_s:.0f}) backlog_left={self.backlog_left} drain_exits={self.drain_exits} "
                 f"zombie_exits={self.zombie_exits} "
-                f"seconds={self.seconds:.0f}")
+                + (f"net_stalls={self.net_stalls} net_resets={self.net_resets} net_blackholes={self.net_blackholes} "
+                   f"net_slows={self.net_slows} net_conns_reset={self.net_conns_reset} "
+                   f"net_dropped_bytes={self.net_dropped_bytes} " if self.network else "")
+                + f"seconds={self.seconds:.0f}")
 
     @property
     def ok(self) -> bool:
@@ -317,6 +339,17 @@ def run_chaos(
     zombie_linger_s: float | None = None,
     drain_limit_s: float = 120.0,
     fault_gap_s: tuple[float, float] = (2.0, 5.0),
+    network: bool = False,
+    net_stalls: int = 0,
+    net_resets: int = 0,
+    net_blackholes: int = 0,
+    net_slows: int = 0,
+    net_stall_s: float = 10.0,
+    net_blackhole_s: float = 75.0,
+    net_slow_s: float = 15.0,
+    net_slow_chunk: int = 256,
+    net_slow_delay_s: float = 0.01,
+    net_scope: str = "all",
     log=print,  # noqa: ANN001
 ) -> ChaosResult:
     """Run the scenario and return the counts (the caller asserts on them).
@@ -355,14 +388,32 @@ def run_chaos(
     The faults come ``fault_gap_s`` (a uniform range) apart, in random order; with a linger the
     zombies are spread over the plan from its first action on, so the other faults hit the fleet
     while a resumed zombie runs beside its replacement.
+
+    Network faults (``network=True``, implied by any ``net_*`` count): a LocalProxy in front of the
+    broker (its log under ``workdir/proxy``) and, in front of the proxy, a
+    :class:`~netfault.NetFault` relay per fleet slot: the processors' ``--service-url`` is their
+    slot's relay (a replacement takes over its predecessor's). ``net_scope``: each network fault
+    hits every instance (``all``), one instance picked at random (``one``: a single pod cut off
+    while the others go on), or alternately all and one (``mixed``: the first fault of each kind
+    hits all, the second one, ...). ``net_stalls`` stalls of ``net_stall_s`` (nothing forwarded,
+    sockets open, everything delivered after), ``net_resets`` resets (every connection closed with
+    an RST), ``net_blackholes`` black holes of ``net_blackhole_s`` (everything dropped both ways,
+    new connections accepted but silent; at the end the connections with a gap are reset) and
+    ``net_slows`` slow spells of ``net_slow_s`` (``net_slow_chunk`` bytes every
+    ``net_slow_delay_s``). Each lasts its full length before the next fault's gap starts. The plan
+    starts once the fleet wrote its first outputs (at most 120 s later). The generator, the verifier
+    and the admin calls go to the broker.
     """
     if instances < 1:
         raise ValueError("instances must be at least 1")
+    if net_scope not in ("all", "one", "mixed"):
+        raise ValueError("net_scope must be 'all', 'one' or 'mixed'")
+    network = network or bool(net_stalls or net_resets or net_blackholes or net_slows)
     shape = shape or Shape()
     rnd = random.Random(seed)
     pick = random.Random(seed + 1)  # which instance a fault hits (rnd's sequence stays that of one instance)
     pause_s = txn_timeout_ms / 1000 + 3 if zombie_pause_s is None else zombie_pause_s
-    res = ChaosResult(shape=shape.name, instances=instances, drain_limit_s=drain_limit_s)
+    res = ChaosResult(shape=shape.name, instances=instances, drain_limit_s=drain_limit_s, network=network)
     t_start = time.monotonic()
     deadline = t_start + time_limit_s
     tag = uuid.uuid4().hex[:8]
@@ -412,7 +463,8 @@ def run_chaos(
         plan_s = (sum(fault_gap_s) / 2 * (kills + broker_restarts + broker_kills + zombies)
                   + 45 * (broker_restarts + broker_kills)
                   + (pause_s + (3 if zombie_linger_s is None else 0)) * zombies
-                  + (zombie_linger_s or 0) * min(zombies, 1))
+                  + (zombie_linger_s or 0) * min(zombies, 1)
+                  + net_stall_s * net_stalls + net_blackhole_s * net_blackholes + net_slow_s * net_slows)
         rate = n / max(30.0, plan_s)
     generator = _Generator(official, inp, shape, n, rate, seed)
     generator.backlog = backlog
@@ -424,10 +476,16 @@ def run_chaos(
     rd.start()
     counter = 0
 
-    def start_proc() -> _Proc:
+    relays: list[NetFault] = []  # network mode: one relay per fleet slot, in front of the proxy
+
+    def start_proc(slot: int) -> _Proc:
+        """A processor for fleet slot ``slot`` (in network mode it connects through that slot's relay)."""
         nonlocal counter
         counter += 1
-        pr = _Proc(f"proc-{counter}", args, logdir, code_dir)
+        a = list(args)
+        if relays:
+            a[a.index("--service-url") + 1] = relays[slot].url
+        pr = _Proc(f"proc-{counter}", a, logdir, code_dir)
         procs.append(pr)
         return pr
 
@@ -444,7 +502,7 @@ def run_chaos(
                 continue
             res.proc_exits += 1
             pr.log.close()
-            fleet[k] = start_proc()
+            fleet[k] = start_proc(k)
             event(f"{pr.name} exited by itself (code {pr.p.returncode}); restarted as {fleet[k].name}")
 
     def check_zombies() -> None:
@@ -474,14 +532,31 @@ def run_chaos(
             return None
         return held
 
+    proxy: LocalProxy | None = None
+    net_faults: Counter[str] = Counter()  # network faults so far, by kind (for net_scope="mixed")
     try:
-        for _ in range(instances):
-            fleet.append(start_proc())
+        if network:
+            proxy = LocalProxy(broker.service_url, broker.admin_url, data_dir=logdir / "proxy", progress=log)
+            proxy.start(timeout=180)
+            for k in range(instances):
+                relays.append(NetFault((HOST, proxy.service_port), lifetime_s=time_limit_s + 600,
+                                       log=lambda m, k=k: event(f"[slot {k}] {m}")).start())
+            event(f"processors connect through relays {', '.join(r.url for r in relays)} (one per instance) "
+                  f"-> proxy {proxy.service_url} -> broker {broker.service_url}")
+        for k in range(instances):
+            fleet.append(start_proc(k))
         if instances > 1:
             event(f"fleet of {instances}: {', '.join(p.name for p in fleet)}")
         gen.start()
+        if network:  # the faults are for a fleet at work, not for processes still starting
+            warm_end = min(deadline, time.monotonic() + 120)
+            while not seen and time.monotonic() < warm_end:
+                check_fleet()
+                time.sleep(0.5)
+            event(f"the fleet is at work {progress()}")
         plan = (["kill"] * kills + ["broker"] * broker_restarts + ["broker-kill"] * broker_kills
-                + ["zombie"] * zombies)
+                + ["zombie"] * zombies + ["net-stall"] * net_stalls + ["net-reset"] * net_resets
+                + ["net-blackhole"] * net_blackholes + ["net-slow"] * net_slows)
         rnd.shuffle(plan)
         if zombie_linger_s is not None and zombies:
             others = [a for a in plan if a != "zombie"]
@@ -501,8 +576,37 @@ def run_chaos(
                 victim.p.wait(10)
                 victim.log.close()
                 res.kills += 1
-                fleet[k] = start_proc()
+                fleet[k] = start_proc(k)
                 event(f"SIGKILL {victim.name} (pid {victim.p.pid}); restarted as {fleet[k].name} {progress()}")
+            elif action.startswith("net-"):
+                one = net_scope == "one" or (net_scope == "mixed" and net_faults[action] % 2 == 1)
+                net_faults[action] += 1
+                slots = [pick.randrange(len(relays))] if one else list(range(len(relays)))
+                whom = (f"instance slot {slots[0]} ({fleet[slots[0]].name})" if one
+                        else f"every instance ({len(slots)})")
+                if action == "net-reset":
+                    n_reset = sum(relays[k].reset() for k in slots)
+                    res.net_resets += 1
+                    event(f"network reset of {whom}: {n_reset} connection(s) closed with an RST {progress()}")
+                    continue
+                kind, secs = {"net-stall": ("stall", net_stall_s), "net-blackhole": ("black hole", net_blackhole_s),
+                              "net-slow": ("slow", net_slow_s)}[action]
+                event(f"network {kind} for {secs:.0f}s on {whom} {progress()}")
+                for k in slots:
+                    if action == "net-stall":
+                        relays[k].stall(secs)
+                    elif action == "net-blackhole":
+                        relays[k].blackhole(secs)
+                    else:
+                        relays[k].slow(secs, chunk=net_slow_chunk, delay=net_slow_delay_s)
+                res.net_stalls += action == "net-stall"
+                res.net_blackholes += action == "net-blackhole"
+                res.net_slows += action == "net-slow"
+                time.sleep(max(0.0, min(secs, deadline - time.monotonic())) + 0.2)
+                sts = [r.stats() for r in relays]
+                event(f"network {kind} over (relays: {sum(st.open for st in sts)} open, "
+                      f"{sum(st.resets for st in sts)} reset, {sum(st.dropped_bytes for st in sts)} bytes dropped "
+                      f"so far) {progress()}")
             elif action in ("broker", "broker-kill"):
                 if broker.local is None:
                     event("broker restart skipped: not our broker")
@@ -519,7 +623,7 @@ def run_chaos(
                 k = pick.randrange(len(fleet))
                 zombie = fleet[k]
                 zombie.send_signal(signal.SIGSTOP)
-                fleet[k] = start_proc()
+                fleet[k] = start_proc(k)
                 event(f"SIGSTOP {zombie.name}; replacement {fleet[k].name} started {progress()}")
                 time.sleep(pause_s)  # with the default, the zombie's open transaction times out meanwhile
                 zombie.send_signal(signal.SIGCONT)
@@ -602,7 +706,7 @@ def run_chaos(
                     pr.stop()
                 else:
                     pr.log.close()
-                fleet[k] = start_proc()
+                fleet[k] = start_proc(k)
             event(f"stopped every process and restarted the fleet: {', '.join(p.name for p in fleet)} "
                   f"{progress()}")
             while not want <= seen and time.monotonic() < deadline:
@@ -622,6 +726,13 @@ def run_chaos(
                 pr.log.close()
         stop_reader.set()
         rd.join(10)
+        for r in relays:
+            st = r.stats()
+            res.net_conns_reset += st.resets
+            res.net_dropped_bytes += st.dropped_bytes
+            r.close()
+        if proxy is not None:
+            proxy.stop()
 
     # The audit: everything stored on the output topic, read from the start by the official
     # client. A duplicate is one expected output stored under two different message ids.

@@ -5,6 +5,10 @@
     # a fleet of 3 on paced live traffic, a zombie paused 5 s that runs on beside its replacement for 60 s
     .venv/bin/python tests/chaos_loop.py --runs 16 --instances 3 --backlog 0 --n 20000 --kills 10 \
         --zombie-pause 5 --zombie-linger 60 --txn-timeout-ms 15000
+    # the fleet behind the real Pulsar Proxy with a broken network in between (tests/netfault.py)
+    .venv/bin/python tests/chaos_loop.py --runs 4 --shapes batched-p4-mod3-dedup-off --instances 3 --kills 0 \
+        --broker-restarts 0 --broker-kills 0 --zombies 0 --net-stalls 2 --net-resets 3 --net-blackholes 1 \
+        --net-blackhole-s 75 --txn-timeout-ms 15000
 
 Each run uses fresh namespaces on one LocalBroker (free ports, its own data dir) that the runs
 restart cleanly and with SIGKILL. One line per run, a summary table at the end (shape, instances,
@@ -89,6 +93,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between two faults (uniform)")
     ap.add_argument("--drain-limit", type=float, default=120,
                     help="seconds the fleet, restarted by nothing, has to drain after the last fault")
+    ap.add_argument("--net-stalls", type=int, default=0,
+                    help="network stalls per run (the processors then connect through a fault relay and the "
+                         "Pulsar Proxy)")
+    ap.add_argument("--net-resets", type=int, default=0, help="resets (RST) of every processor connection per run")
+    ap.add_argument("--net-blackholes", type=int, default=0, help="network black holes per run")
+    ap.add_argument("--net-slows", type=int, default=0, help="slow spells (small fragments) per run")
+    ap.add_argument("--net-scope", choices=("all", "one", "mixed"), default="all",
+                    help="a network fault hits every instance, one, or alternately all and one")
+    ap.add_argument("--net-stall-s", type=float, default=10.0)
+    ap.add_argument("--net-blackhole-s", type=float, default=75.0)
+    ap.add_argument("--net-slow-s", type=float, default=15.0)
     ap.add_argument("--batch-max-messages", type=int, default=100)
     ap.add_argument("--txn-timeout-ms", type=int, default=60000)
     ap.add_argument("--time-limit", type=float, default=1800, help="seconds per run")
@@ -127,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                                 time_limit_s=args.time_limit, instances=args.instances,
                                 zombie_pause_s=args.zombie_pause, zombie_linger_s=args.zombie_linger,
                                 drain_limit_s=args.drain_limit, fault_gap_s=tuple(args.fault_gap),
+                                net_stalls=args.net_stalls, net_resets=args.net_resets,
+                                net_blackholes=args.net_blackholes, net_slows=args.net_slows,
+                                net_stall_s=args.net_stall_s, net_blackhole_s=args.net_blackhole_s,
+                                net_slow_s=args.net_slow_s, net_scope=args.net_scope,
                                 code_dir=Path(args.code_dir) if args.code_dir else None,
                                 log=lambda m: print(f"  {m}", flush=True))
             except Exception as exc:  # a run that cannot finish is a failed run, the loop goes on

@@ -5,8 +5,10 @@ users run: a batched producer, a handler emitting ``id % 3`` outputs, deduplicat
 outputs), and so are the two shapes users broke the processor with: a zombie paused a few seconds
 (the broker still counts it as connected) that runs on beside its replacement for a minute, and a
 fleet of 3 instances on a 4-partition input with traffic during the faults, which must also drain
-every input by itself (nothing stranded) once the faults are over. ``--run-slow`` adds the long
-runs and the whole shape matrix. ``tests/chaos_loop.py`` runs the matrix in a loop.
+every input by itself (nothing stranded) once the faults are over. The fleet also runs behind the
+real Pulsar Proxy with a broken network between it and the proxy (stalls, resets, a black hole
+longer than the keep-alive and the transaction timeout). ``--run-slow`` adds the long runs and the
+whole shape matrix. ``tests/chaos_loop.py`` runs the matrix in a loop.
 """
 
 from __future__ import annotations
@@ -98,6 +100,44 @@ def test_chaos_fleet(restartable_broker, tmp_path):
                     broker_restarts=1, broker_kills=1, zombies=0, instances=3, fault_gap_s=(4, 8),
                     txn_timeout_ms=15000, seed=43, drain_limit_s=90, time_limit_s=540)
     assert (res.kills, res.broker_restarts, res.broker_kills, res.instances) == (6, 1, 1, 3)
+    _check_live(res)
+
+
+@pytest.mark.timeout(480)
+def test_chaos_network(broker, tmp_path):
+    """The fleet of 3 on a 4-partition input reaches the broker through the real Pulsar Proxy, and
+    between each instance and the proxy a relay breaks the network: a 10 s stall (sockets open,
+    nothing moves), two resets (connections closed with an RST: every instance's, then one
+    instance's) and a 45 s black hole on every instance (longer than the 30 s keep-alive interval
+    and the 15 s transaction timeout: silence both ways, new connections accepted but silent, then
+    every broken connection reset). Live traffic paced by the fleet (about 3000 inputs kept
+    unprocessed until the last fault, so the faults land in the middle of batches; the generator
+    and the verifier talk to the broker directly). Exactly once, and the fleet drains every input
+    by itself after the last fault. About 2-2.5 minutes on 2 cores (with the proxy's start)."""
+    res = run_chaos(broker, tmp_path / "chaos", shape=USERS_P4, n=300_000, backlog=3000, kills=0, broker_restarts=0,
+                    zombies=0, instances=3, net_stalls=1, net_resets=2, net_blackholes=1, net_stall_s=10,
+                    net_blackhole_s=45, net_scope="mixed", fault_gap_s=(3, 5), txn_timeout_ms=15000, seed=59,
+                    drain_limit_s=90, time_limit_s=400)
+    assert (res.net_stalls, res.net_resets, res.net_blackholes, res.instances) == (1, 2, 1, 3)
+    assert res.net_conns_reset > 0 and res.net_dropped_bytes > 0  # the faults really hit the fleet
+    _check_live(res)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_chaos_network_long(restartable_broker, tmp_path):
+    """The network shape, longer and with more faults: a fleet of 3 through the proxy and the relays,
+    on live traffic paced by the fleet: 3 stalls of 10 s, 6 resets, two black holes of 75 s (longer
+    than the keep-alive and the transaction timeout), 2 slow spells (256-byte fragments), each kind
+    hitting alternately every instance and one of them (one pod cut off while the others go on and
+    the broker moves its partitions away), and among them 3 SIGKILLs of instances and a clean broker
+    restart (behind the proxy)."""
+    res = run_chaos(restartable_broker, tmp_path / "chaos", shape=USERS_P4, n=1_200_000, backlog=3000, kills=3,
+                    broker_restarts=1, zombies=0, instances=3, net_stalls=3, net_resets=6, net_blackholes=2,
+                    net_slows=2, net_stall_s=10, net_blackhole_s=75, net_slow_s=15, net_scope="mixed",
+                    fault_gap_s=(4, 8), txn_timeout_ms=15000, seed=61, drain_limit_s=120, time_limit_s=1800)
+    assert (res.kills, res.broker_restarts, res.net_stalls, res.net_resets, res.net_blackholes, res.net_slows) == (
+        3, 1, 3, 6, 2, 2)
     _check_live(res)
 
 
