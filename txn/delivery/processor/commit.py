@@ -300,6 +300,7 @@ class CommitPipeline:
         c = self.config
         t, batch_id = bt.t, bt.batch_id
         t0 = time.monotonic()
+        ack: asyncio.Future[Any] | None = None
         try:
             assert self._consumer is not None and self._ledger is not None
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
@@ -333,6 +334,8 @@ class CommitPipeline:
             self.stats.aborts += 1
             log.warning("batch %s (txn %s) did not commit: %s; its inputs are handed back for redelivery",
                         batch_id, t.id, exc)
+            if ack is not None:  # settle the acknowledgements first (their failure is this one's)
+                await asyncio.gather(ack, return_exceptions=True)
             await bt.abort(exc, inputs=inputs)
             self.hand_back(msgs)
             if c.ordering is not None and t.state.value == "ABORTED":
