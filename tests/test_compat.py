@@ -161,10 +161,14 @@ def test_replay_accepts_the_earlier_timeout_keyword(broker, unique_name):
             p = await client.create_producer(parked)
             await p.send(b"poison", properties={PARK_BATCH: batch_id, PARK_SOURCE_TOPIC: ns + "in"})
             await p.close()
-            rec = LedgerRecord(kind="PARKED", job="compat", batch_id=batch_id, txn_id="(1,2)",
+            # Written as parking writes it: inside the transaction the record names (replay trusts
+            # a PARKED record only then).
+            t = await client.new_transaction()
+            rec = LedgerRecord(kind="PARKED", job="compat", batch_id=batch_id, txn_id=str(t.id),
                                inputs={ns + "in": ["(1,2,-1,-1)"]}, outputs={parked: 1}, parked_topic=parked)
             lp = await client.create_producer(ledger)
-            await lp.send(rec.to_json(), partition_key=batch_id)
+            await lp.send(rec.to_json(), partition_key=batch_id, txn=t)
+            await t.commit()
             await lp.close()
 
             asked: list[int] = []
