@@ -1,15 +1,15 @@
 """Chaos: kill -9, broker restarts (clean and SIGKILL) and a zombie, and still exactly once.
 
-The short runs are part of the default suite (the original unbatched 1:1 shape, and the shape
-users run: a batched producer, a handler emitting ``id % 3`` outputs, deduplication off on the
-outputs), and so are the two shapes users broke the processor with: a zombie paused a few seconds
-(the broker still counts it as connected) that runs on beside its replacement for a minute, inside
-a fleet of 3 instances on a 4-partition input with traffic during the faults, which must also
-drain every input by itself (nothing stranded) once the faults are over (the single-instance
-zombie run is slow-only). The fleet also runs behind the
-real Pulsar Proxy with a broken network between it and the proxy (stalls, resets, a black hole
-longer than the keep-alive and the transaction timeout). ``--run-slow`` adds the long runs and the
-whole shape matrix. ``tests/chaos_loop.py`` runs the matrix in a loop.
+The short runs are part of the default suite (the shape users run: a batched producer, a handler
+emitting ``id % 3`` outputs, deduplication off on the outputs; the original unbatched 1:1 run is
+slow-only, the loop covers unbatched shapes), and so are the two shapes users broke the processor
+with: a zombie paused a few seconds (the broker still counts it as connected) that runs on beside
+its replacement for a minute, inside a fleet of 3 instances on a 4-partition input with traffic
+during the faults, which must also drain every input by itself (nothing stranded) once the faults
+are over (the single-instance zombie run is slow-only). The fleet also runs behind the real Pulsar
+Proxy with a broken network between it and the proxy (stalls, resets, a black hole longer than the
+keep-alive and the transaction timeout). ``--run-slow`` adds the long runs and the whole shape
+matrix. ``tests/chaos_loop.py`` runs the matrix in a loop.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _check_live(res):
 USERS_P4 = Shape(batched=True, partitions=4, handler="mod3", out_dedup=False)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_chaos_short(restartable_broker, tmp_path):
     """The original shape (unbatched, one partition, 1:1): 4 kills, a clean broker restart, and a
