@@ -118,10 +118,14 @@ class Parking:
         await bt.mark(partitions)
 
     def _park_failed(self, exc: BaseException, m: Message) -> None:
+        self._release_if_lost(exc)
+        self.hand_back([m])
+
+    def _release_if_lost(self, exc: BaseException) -> None:
+        """After :class:`~txn.OwnershipLost`, forget the partition another instance took over."""
         if isinstance(exc, OwnershipLost) and self.fences is not None and exc.topic:
             self.fences.release(exc.topic)
             self.stats.partitions_lost += 1
-        self.hand_back([m])
 
     async def _park_corrupt(self, exc: CorruptMessage) -> None:
         """Park an input that cannot be read (bad checksum, sizes that lie), never stopping on it.
@@ -158,9 +162,7 @@ class Parking:
             log.warning("parking unreadable input %s failed (%s); it stays unacknowledged", mid, err)
             if t is not None:
                 await t.abort_if_open()
-            if isinstance(err, OwnershipLost) and self.fences is not None and err.topic:
-                self.fences.release(err.topic)
-                self.stats.partitions_lost += 1
+            self._release_if_lost(err)
             return
         if self.guard is not None:
             self.guard.committed.add(topic, mid.ledger_id, mid.entry_id, -1)
