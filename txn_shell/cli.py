@@ -136,6 +136,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         fencing=not args.no_fencing,
         consumer_type=ConsumerType.Shared if args.no_fencing else ConsumerType.Failover,
         claim_timeout_ms=args.claim_timeout_ms,
+        start_timeout_ms=args.start_timeout_ms,
         guard_max_ids=args.guard_max_ids,
         batch_entry_boundaries=args.batch_entry_boundaries,
         client_kwargs=broker.client_kwargs(),
@@ -332,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--claim-timeout-ms", type=int, default=None,
                     help="bound on taking an input partition over from another instance (default: 2 x the "
                          "transaction timeout + 60 s)")
+    pr.add_argument("--start-timeout-ms", type=int, default=120_000,
+                    help="how long start-up retries while the broker is unreachable or not ready (default 120000; "
+                         "0: one attempt)")
     pr.add_argument("--guard-max-ids", type=int, default=1_000_000,
                     help="committed input ids the ledger guard remembers (bounded state, ~60 bytes each)")
     pr.add_argument("--metrics-port", type=int, default=None,

@@ -16,7 +16,14 @@ from typing import Any, TextIO
 
 from ...client import AsyncClient
 from ...consumer import AsyncConsumer, ConsumerType
-from ...errors import CorruptMessage
+from ...errors import (
+    AuthenticationError,
+    AuthorizationError,
+    CorruptMessage,
+    InvalidTopicName,
+    PulsarError,
+    TopicNotFound,
+)
 from ...message import Message
 from ...producer import AsyncProducer
 from ...topic import parse_topic
@@ -107,7 +114,54 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Subscribe to the inputs and create the ledger producer."""
+        """Subscribe to the inputs and create the ledger producer.
+
+        Retries for up to ``config.start_timeout_ms`` while the broker cannot be reached or is
+        not ready (it is restarting, or its transaction coordinator is not assigned yet), closing
+        what an attempt opened before the next; errors that a retry cannot cure are raised at once.
+        """
+        deadline = asyncio.get_running_loop().time() + max(0, self.config.start_timeout_ms) / 1000
+        delay = 0.25
+        attempt = 1
+        while True:
+            try:
+                await self._start_once()
+                return
+            except asyncio.CancelledError:
+                await self._close_partial()
+                raise
+            except Exception as e:
+                await self._close_partial()
+                left = deadline - asyncio.get_running_loop().time()
+                if not _start_retriable(e) or left <= 0 or self._stopping.is_set():
+                    raise
+                if self._progress is not None:
+                    print(f"[processor] start attempt {attempt} failed ({type(e).__name__}: {e}); "
+                          f"retrying in {delay:.2f}s", file=self._progress, flush=True)
+                try:  # a stop() during the wait ends the retries
+                    await asyncio.wait_for(self._stopping.wait(), min(delay, left))
+                except TimeoutError:
+                    pass
+                else:
+                    raise
+                delay = min(delay * 2, 5.0)
+                attempt += 1
+
+    async def _close_partial(self) -> None:
+        """Close what a failed start attempt opened (each part on its own; errors are dropped)."""
+        parts: list[Any] = [*self._producers.values(), self._ledger, self._consumer, self.fences, self.guard]
+        self._producers.clear()
+        self._ledger = self._consumer = None
+        self.fences = self.guard = None
+        for part in parts:
+            if part is None:
+                continue
+            try:
+                await asyncio.wait_for(part.close(), 10)
+            except Exception:  # noqa: BLE001 - best effort: the attempt already failed
+                pass
+
+    async def _start_once(self) -> None:
         c = self.config
         if c.metrics is not None and self.metrics is None:
             self.metrics = ProcessorMetrics.for_processor(self, c.metrics)
@@ -171,3 +225,15 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             await self.guard.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+#: Errors a start attempt can raise that no retry cures.
+_FATAL_AT_START: tuple[type[BaseException], ...] = (
+    AuthenticationError, AuthorizationError, InvalidTopicName, TopicNotFound, ValueError, TypeError)
+
+
+def _start_retriable(e: BaseException) -> bool:
+    """Whether a failed start may succeed later: the broker unreachable, restarting or not ready."""
+    if isinstance(e, _FATAL_AT_START):
+        return False
+    return isinstance(e, (PulsarError, OSError, asyncio.TimeoutError))

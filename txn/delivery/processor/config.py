@@ -66,6 +66,11 @@ class ProcessorConfig:
     #: generator is never iterated further than one item past the bound.
     max_outputs_per_input: int = 10_000
     max_output_bytes_per_batch: int = 256 * 1024 * 1024
+    #: How long :meth:`start` keeps retrying while the broker cannot be reached or is not ready
+    #: (a broker restarting, a coordinator not yet assigned), with backoff up to 5 s; then the
+    #: last error is raised. Authentication, authorization and bad topic names fail at once.
+    #: 0: one attempt.
+    start_timeout_ms: int = 120_000
     #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
     ordering: OrderingGuard | None = None
     #: Serve Prometheus metrics while running (see ``metrics``); None: off.
