@@ -74,6 +74,7 @@ def _broker_side(exc: BaseException) -> bool:
 class _ReadState:
     r: Range
     count: int = 0
+    size: int = 0  # payload bytes read
     last: Entry | None = None
     entry_open: bool = False
     done: bool = False
@@ -93,17 +94,23 @@ async def _take(reader: Any, st: _ReadState, limit: int, poll_ms: int, sink: lis
         entry = (mid.ledger_id, mid.entry_id)
         if entry <= r.after or (st.last is not None and entry < st.last):
             continue  # before the range (a redelivery)
-        capped = r.cap is not None and st.count >= r.cap
+        capped = _capped(r, st)
         if entry > r.to or (capped and st.last is not None and entry != st.last):
             st.done = True  # past the range, or the cap reached and a new entry begins
             return
         sink.append(m)
         n += 1
         st.count += 1
+        st.size += len(m.data())
         st.last = entry
         st.entry_open = mid.batch_index >= 0 and not (mid.batch_size > 0 and mid.batch_index >= mid.batch_size - 1)
-        if not st.entry_open and (entry == r.to or (r.cap is not None and st.count >= r.cap)):
+        if not st.entry_open and (entry == r.to or _capped(r, st)):
             st.done = True
+
+
+def _capped(r: Range, st: _ReadState) -> bool:
+    """The range's cap is reached: its messages, or its payload bytes."""
+    return (r.cap is not None and st.count >= r.cap) or (r.cap_bytes is not None and st.size >= r.cap_bytes)
 
 
 def _scan(opts: SourceOptions, r: Range, poll_ms: int) -> Iterator[tuple[list[txn.Message], _ReadState]]:

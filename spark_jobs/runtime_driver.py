@@ -295,7 +295,7 @@ class DistributedRuntime:
                 self._after[name] = mark  # another driver (a zombie) committed: the cursor decides
             tp = self._tps[name]
             positions[name] = (tp.topic, tp.partition, self._after[name], last)
-        return plan(positions, self.config.batch_max_messages)
+        return plan(positions, self.config.batch_max_messages, self.config.batch_max_bytes)
 
     # ----------------------------------------------------------------------- one batch
 
@@ -332,7 +332,8 @@ class DistributedRuntime:
         else:
             r, es = parts[0]
             k = len(es) // 2
-            halves = [[(r, es[:k])], [(Range(r.name, r.topic, r.partition, es[k - 1][0], r.to, r.cap), es[k:])]]
+            rest = Range(r.name, r.topic, r.partition, es[k - 1][0], r.to, r.cap, r.cap_bytes)
+            halves = [[(r, es[:k])], [(rest, es[k:])]]
         for i, half in enumerate(halves):
             sub = [Range(r.name, r.topic, r.partition, r.after, es[-1][0]) for r, es in half]
             self._process(sub, narrowed_batch_id(batch_id, i), root)

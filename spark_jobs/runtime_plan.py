@@ -67,19 +67,23 @@ class Range:
     after: Entry
     to: Entry
     cap: int | None = None
+    #: At most about this many payload bytes: the read ends at the first entry boundary at or
+    #: past it (a range always reads at least one entry, however large).
+    cap_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "topic": self.topic, "partition": self.partition, "after": entry_text(self.after),
-                "to": entry_text(self.to), "cap": self.cap}
+                "to": entry_text(self.to), "cap": self.cap, "cap_bytes": self.cap_bytes}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Range:
         return cls(d["name"], d["topic"], int(d["partition"]), parse_entry(d["after"]), parse_entry(d["to"]),
-                   None if d.get("cap") is None else int(d["cap"]))
+                   None if d.get("cap") is None else int(d["cap"]),
+                   None if d.get("cap_bytes") is None else int(d["cap_bytes"]))
 
     def ended_at(self, to: Entry) -> Range:
         """This range with its real end (as read), uncapped."""
-        return replace(self, to=to, cap=None)
+        return replace(self, to=to, cap=None, cap_bytes=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,15 +128,18 @@ async def cursor_and_last(consumer: Any) -> tuple[Entry | None, Entry | None]:
     return mark, last
 
 
-def plan(positions: dict[str, tuple[str, int, Entry, Entry | None]], budget: int) -> list[Range]:
+def plan(positions: dict[str, tuple[str, int, Entry, Entry | None]], budget: int,
+         budget_bytes: int = 0) -> list[Range]:
     """The ranges of the next batch: ``positions`` maps each partition to (base topic, index, the
-    entry the job acknowledged last, the partition's last entry or None); ``budget`` messages are
-    shared out evenly over the partitions with something new (each gets at least one)."""
+    entry the job acknowledged last, the partition's last entry or None); ``budget`` messages, and
+    ``budget_bytes`` payload bytes if positive, are shared out evenly over the partitions with
+    something new (each gets at least one message)."""
     active = [(n, p) for n, p in sorted(positions.items()) if p[3] is not None and p[3] > p[2]]
     if not active:
         return []
     share, extra = divmod(max(budget, len(active)), len(active))
-    return [Range(n, topic, idx, after, last, share + (1 if i < extra else 0))  # type: ignore[arg-type]
+    share_bytes = max(1, budget_bytes // len(active)) if budget_bytes > 0 else None
+    return [Range(n, topic, idx, after, last, share + (1 if i < extra else 0), share_bytes)  # type: ignore[arg-type]
             for i, (n, (topic, idx, after, last)) in enumerate(active)]
 
 

@@ -228,9 +228,9 @@ def test_committed_inputs_is_bounded_and_collapses_full_entries():
 
 def test_committed_inputs_reads_record_ids():
     c = CommittedInputs()
-    n = c.add_ids("t", ["(9,1,-1,-1)", "(9,2,0,3)", "(9,2,0,5)", "bogus", "(9,3,-1,x)", "(9,1,-1,-1)"])
-    assert n == 4
+    n, hi = c.add_ids("t", ["(9,1,-1,-1)", "(9,2,0,3)", "(9,2,0,5)", "bogus", "(9,3,-1,x)", "(9,1,-1,-1)"])
+    assert n == 4 and hi == (9, 2)
     assert c.contains(_msg("t", 9, 1, -1)) and c.contains(_msg("t", 9, 2, 3)) and c.contains(_msg("t", 9, 2, 5))
     assert not c.contains(_msg("t", 9, 2, 4)) and not c.contains(_msg("u", 9, 1, -1))
-    assert c.add_ids("t", [5, None, "(9,4,-1,0)"]) == 1  # non-strings are ignored
+    assert c.add_ids("t", [5, None, "(9,4,-1,0)"]) == (1, (9, 4))  # non-strings are ignored
     assert len(c) == 4

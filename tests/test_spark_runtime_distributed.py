@@ -147,6 +147,23 @@ def test_batches_commit_exactly_once_with_ranges(broker, spark, official, ns, un
     assert Counter(read_all(official, out)) == upper_of(values + more)
 
 
+def test_batches_bounded_by_bytes(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
+    """``batch_max_bytes``: 12 inputs of 10 kB with a bound of 25 kB make batches of 3 (a range ends
+    at the first entry boundary at or past its share of the bound); one of 60 kB goes alone."""
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+    p = official.create_producer(inp, batching_enabled=False)
+    values = [bytes([97 + i % 26]) * 10_000 for i in range(6)] + [b"z" * 60_000] + \
+        [bytes([97 + i % 26]) * 10_000 for i in range(6)]
+    for v in values:
+        p.send(v)
+    p.close()
+    stats = run(broker, spark, upper, [inp], out, ledger, batch_max_bytes=25_000)
+    committed = [r for r in records(broker, ledger) if r.kind == Kind.COMMITTED]
+    assert [r.input_count for r in committed] == [3, 3, 1, 3, 3]
+    assert stats.messages == 13
+    assert Counter(read_all(official, out)) == upper_of(values)
+
+
 def test_partitioned_inputs_two_topics(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
     a, b, out, ledger = _topics(ns, unique_name, "a", "b", "out", "ledger")
     create_partitioned_topic(broker.admin_url, a, 3)

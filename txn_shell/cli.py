@@ -125,6 +125,8 @@ def cmd_process(args: argparse.Namespace) -> int:
         handler,
         job=args.job or args.subscription,
         batch_max_messages=args.batch_max_messages,
+        batch_max_bytes=args.batch_max_bytes,
+        guard_checkpoint_s=args.guard_checkpoint_s,
         batch_max_delay_ms=args.batch_max_delay_ms,
         max_attempts=args.max_attempts,
         txn_timeout_ms=args.txn_timeout_ms,
@@ -314,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--handler", required=True, help="module:function, called with each message")
     pr.add_argument("--job", default=None, help="job name in the ledger (default: the subscription)")
     pr.add_argument("--batch-max-messages", type=int, default=100)
+    pr.add_argument("--batch-max-bytes", type=int, default=8 * 1024 * 1024,
+                    help="a batch closes before its inputs' payloads pass this many bytes; a larger input goes "
+                         "alone (default 8 MiB; 0: no bound)")
+    pr.add_argument("--guard-checkpoint-s", type=float, default=30.0,
+                    help="seconds between the ledger guard's checkpoints, which let a restart read only the "
+                         "ledger's tail (default 30; 0: none, every start reads the whole ledger)")
     pr.add_argument("--batch-max-delay-ms", type=int, default=100)
     pr.add_argument("--max-attempts", type=int, default=3, help="aborts before a batch is narrowed / parked")
     pr.add_argument("--txn-timeout-ms", type=int, default=60000)

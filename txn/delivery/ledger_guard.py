@@ -46,6 +46,7 @@ from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
 from ..message import EARLIEST, Message, MessageId, TxnID
+from .guard_checkpoint import Entry, Rung, choose, load_ladder, thin
 from .ledger import COMMITTING_KINDS as _COMMITTING
 from .ledger import SCHEMA
 
@@ -108,17 +109,22 @@ class CommittedInputs:
         """Remember that message ``index`` of entry ``(ledger, entry)`` of ``topic`` committed."""
         self._put((topic, ledger, entry), _ALL if index == NOT_BATCHED else {index}, batch_size)
 
-    def add_ids(self, topic: str, ids: list[str]) -> int:
-        """Add ids written as ``str(MessageId)`` (others are ignored); returns how many were read."""
+    def add_ids(self, topic: str, ids: list[str]) -> tuple[int, tuple[int, int] | None]:
+        """Add ids written as ``str(MessageId)`` (others are ignored); returns how many were read
+        and the highest (ledger, entry) among them."""
         try:
             text = "\n".join(ids)
         except TypeError:
             text = "\n".join(i for i in ids if isinstance(i, str))
         found = _ID.findall(text)
+        hi: tuple[int, int] | None = None
         for (ledger, entry), group in groupby(found, _ENTRY):
+            key = (int(ledger), int(entry))
             indexes = set(map(int, map(_INDEX, group)))
-            self._put((topic, int(ledger), int(entry)), _ALL if NOT_BATCHED in indexes else indexes)
-        return len(found)
+            self._put((topic, *key), _ALL if NOT_BATCHED in indexes else indexes)
+            if hi is None or key > hi:
+                hi = key
+        return len(found), hi
 
     def add_message(self, m: Message) -> None:
         """Remember a message this process committed."""
@@ -162,21 +168,71 @@ class LedgerGuard:
         self._position: tuple[int, int, int] | None = None
         self._moved = asyncio.Event()
         self._error: BaseException | None = None
+        #: Highest input entry per partition named by the committing records read (with the
+        #: starting rung's): what a checkpoint rung of this guard's position says.
+        self.hi: dict[str, Entry] = {}
+        #: The rung the guard started from (None: the ledger's start) and the ladder it knows.
+        self.start_rung: Rung | None = None
+        self.ladder: list[Rung] = []
+        #: Messages of the checkpoint topic read at the last start.
+        self.checkpoint_messages_read = 0
+        self._last_rung_position: tuple[int, int, int] | None = None
 
-    async def start(self) -> None:
-        """Open the reader at the ledger's start and begin tailing it."""
-        self._reader = await self.client.create_reader(self.ledger_topic, EARLIEST)  # type: ignore[attr-defined]
+    async def start(self, marks: dict[str, Entry | None] | None = None, *, checkpoints: bool = True) -> None:
+        """Begin tailing the ledger: after the newest checkpoint rung that ``marks`` (the
+        subscription's mark-delete entry per input partition) allow, or from its start when
+        ``marks`` is None, checkpoints are off, or no rung fits (see ``guard_checkpoint``)."""
+        self.start_rung = None
+        if marks is not None and checkpoints:
+            self.ladder, self.checkpoint_messages_read = await load_ladder(self.client, self.ledger_topic, self.job)
+            self.start_rung = choose(self.ladder, marks, self._ours)
+        self.hi = dict(self.start_rung.hi) if self.start_rung is not None else {}
+        start = self.start_rung.start_id() if self.start_rung is not None else EARLIEST
+        if self.start_rung is not None:
+            self._position = self.start_rung.position
+            self._last_rung_position = self.start_rung.position
+            log.info("ledger guard on %s: starting after checkpoint %s (of %d rungs)", self.ledger_topic,
+                     self.start_rung.position, len(self.ladder))
+        self._reader = await self.client.create_reader(self.ledger_topic, start)  # type: ignore[attr-defined]
         self._task = asyncio.get_running_loop().create_task(self._tail())
 
-    async def ensure_running(self) -> None:
-        """Restart from the ledger's start (with fresh state) if the reader stopped on an error."""
-        if self._task is not None and not self._task.done():
-            return
+    def covers(self, marks: dict[str, Entry | None]) -> bool:
+        """True if the rung the guard started from is still allowed by ``marks`` (a recovered
+        cursor may stand further back than when the guard started)."""
+        return self.start_rung is None or self.start_rung.allows(marks, self._ours)
+
+    async def restart(self, marks: dict[str, Entry | None] | None = None, *, checkpoints: bool = True) -> None:
+        """Start again with fresh state (after a rung ``marks`` allow, or from the ledger's start)."""
         await self.close()
         self.committed = CommittedInputs(self.committed.max_ids)
         self._position = None
         self._error = None
-        await self.start()
+        self.records_read = self.records_applied = 0
+        await self.start(marks, checkpoints=checkpoints)
+
+    async def ensure_running(self, marks: dict[str, Entry | None] | None = None, *, checkpoints: bool = True) -> None:
+        """Restart (with fresh state) if the reader stopped on an error, or if ``marks`` no longer
+        allow the rung it started from."""
+        if self._task is not None and not self._task.done() and (marks is None or self.covers(marks)):
+            return
+        if self._task is not None and not self._task.done():
+            log.warning("ledger guard on %s: a subscription's cursor now stands below the checkpoint the guard "
+                        "started from; reading the ledger again from an earlier one", self.ledger_topic)
+        await self.restart(marks, checkpoints=checkpoints)
+
+    def rung(self, at_ms: int = 0) -> Rung | None:
+        """A rung at the guard's current position (None before it read anything, or if nothing
+        was read since the last rung)."""
+        pos = self._position
+        if pos is None or pos == self._last_rung_position:
+            return None
+        return Rung(pos, dict(self.hi), at_ms)
+
+    def add_rung(self, rung: Rung) -> list[Rung]:
+        """Put ``rung`` on the guard's ladder; returns the ladder (thinned) to write."""
+        self.ladder = thin([*self.ladder, rung])
+        self._last_rung_position = rung.position
+        return self.ladder
 
     async def close(self) -> None:
         """Stop tailing."""
@@ -251,8 +307,13 @@ class LedgerGuard:
             return
         if not all(isinstance(t, str) and self._ours(t) for t in inputs):
             return  # a job of the same name on other inputs
+        his = self.hi
         for topic, ids in inputs.items():
-            self.committed.add_ids(topic, ids)
+            _, hi = self.committed.add_ids(topic, ids)
+            if hi is not None:
+                old = his.get(topic)
+                if old is None or hi > old:
+                    his[topic] = hi
         self.records_applied += 1
 
     def passed(self, mid: MessageId) -> bool:

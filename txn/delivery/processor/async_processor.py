@@ -31,6 +31,7 @@ from ...transaction import AsyncTransaction
 from ..batch_txn import BatchScope
 from ..batching import EntryBoundaries
 from ..fencing import PartitionFences
+from ..guard_checkpoint import checkpoint_topic, mark_deletes
 from ..ledger import default_ledger_topic, ensure_ledger_retained
 from ..ledger_guard import LedgerGuard
 from ..output import handler_spec, is_async
@@ -57,6 +58,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             raise ValueError("a processor needs at least one input topic")
         if config.batch_max_messages <= 0 or config.batch_max_delay_ms <= 0:
             raise ValueError("batch_max_messages and batch_max_delay_ms must be positive")
+        if config.batch_max_bytes < 0:
+            raise ValueError("batch_max_bytes must be 0 (no bound) or positive")
         if config.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if config.fencing and config.consumer_type not in (ConsumerType.Failover, ConsumerType.Exclusive):
@@ -77,6 +80,9 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._producers: dict[str, AsyncProducer] = {}
         self._producer_locks: dict[str, asyncio.Lock] = {}
         self._ledger: AsyncProducer | None = None
+        #: Writes the guard's checkpoints (``config.guard_checkpoint_s``), inside batch transactions.
+        self._checkpoints: AsyncProducer | None = None
+        self._next_checkpoint = 0.0
         self._stopping = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         #: Bounds the commits in flight (``max_inflight_commits``); a benchmark may swap in an instrumented one.
@@ -86,6 +92,7 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self.fatal: BaseException | None = None
         self._next_txn: asyncio.Task[AsyncTransaction] | None = None
         self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
+        self._held_over: tuple[Message, int] | None = None
         self.guard: LedgerGuard | None = None
         #: Opens the batches' transactions and writes their records (set up in :meth:`start`).
         self.batches: BatchScope = None  # type: ignore[assignment]
@@ -149,9 +156,10 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
 
     async def _close_partial(self) -> None:
         """Close what a failed start attempt opened (each part on its own; errors are dropped)."""
-        parts: list[Any] = [*self._producers.values(), self._ledger, self._consumer, self.fences, self.guard]
+        parts: list[Any] = [*self._producers.values(), self._ledger, self._checkpoints, self._consumer, self.fences,
+                            self.guard]
         self._producers.clear()
-        self._ledger = self._consumer = None
+        self._ledger = self._consumer = self._checkpoints = None
         self.fences = self.guard = None
         for part in parts:
             if part is None:
@@ -183,7 +191,13 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
                 claim_timeout_s=c.claim_timeout_ms / 1000 if c.claim_timeout_ms else None)
         if c.ledger_guard:
             self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_ids)
-            await self.guard.start()
+            checkpoints = c.guard_checkpoint_s > 0
+            if checkpoints:
+                ckpt = checkpoint_topic(self.ledger_topic, c.job)
+                await ensure_ledger_retained(self.client, ckpt)
+                self._checkpoints = await self.client.create_producer(ckpt, batching_enabled=False)
+            await self.guard.start(await mark_deletes(self._consumer) if checkpoints else None,
+                                   checkpoints=checkpoints)
         self._ledger = await self.client.create_producer(
             self.ledger_topic, block_if_queue_full=True, batching_max_publish_delay_ms=5
         )
@@ -215,8 +229,9 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
             await _discard(task)
         if self.batches is not None:
             await self.batches.drain()
-        for p in list(self._producers.values()) + ([self._ledger] if self._ledger else []):
-            await p.close()
+        for p in [*self._producers.values(), self._ledger, self._checkpoints]:
+            if p is not None:
+                await p.close()
         if self._consumer is not None:
             await self._consumer.close()
         if self.fences is not None:

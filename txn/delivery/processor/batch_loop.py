@@ -1,7 +1,9 @@
 """The batch loop: collect a batch, let the ordering gate hold what must wait, hand it to the commit pipeline.
 
-A batch closes at ``batch_max_messages`` or ``batch_max_delay_ms`` (or, with
-``batch_entry_boundaries``, at the end of the producer's batch entry it reached). While its
+A batch closes at ``batch_max_messages``, ``batch_max_delay_ms`` or before its payloads would pass
+``batch_max_bytes`` (the message that would pass it is held for the next batch, so a message larger
+than the bound goes alone), or, with ``batch_entry_boundaries``, at the end of the producer's batch
+entry it reached. While its
 messages arrive, the next transaction is already being opened. Inputs that cannot be read are
 set aside while collecting and parked before the batch is processed.
 """
@@ -41,6 +43,9 @@ class BatchLoop:
     _entries: EntryBoundaries | None
     _corrupt: list[CorruptMessage]
     _handback: set[Any]
+    #: A message that would have taken its batch past ``batch_max_bytes``: first in the next
+    #: batch, unless the consumer re-subscribed or handed its inputs back since (it comes again).
+    _held_over: tuple[Message, int] | None
     batches: BatchScope
     _redeliver_handed_back: Callable[[], Awaitable[None]]  # CommitPipeline's
 
@@ -109,6 +114,11 @@ class BatchLoop:
         ids: set[tuple[str, Any]] = set()
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
         held = self._entries.take(consumer.subscriptions_made) if self._entries is not None else None
+        over, self._held_over = self._held_over, None
+        if held is None and over is not None and over[1] == consumer.subscriptions_made:
+            held = over[0]
+        size = 0
+        first_at = 0.0
         while len(batch) < c.batch_max_messages and not self._stopping.is_set():
             m, held = self._receive_nowait() if held is None else held, None
             if m is None:
@@ -123,10 +133,23 @@ class BatchLoop:
                 # Redelivered while its first copy is still here (after a reconnect or an abort).
                 # A transaction that acknowledged one message twice would commit its output twice.
                 continue
+            if c.batch_max_bytes > 0:
+                n = len(m.data())
+                if batch and size + n > c.batch_max_bytes:
+                    self._held_over = (m, consumer.subscriptions_made)
+                    break
+                size += n
             ids.add(key)
+            if not batch:
+                first_at = time.monotonic()
             batch.append(m)
+            if c.batch_max_bytes > 0 and size >= c.batch_max_bytes:
+                break
         if self._entries is not None:
             self._entries.complete(batch, ids, self._receive_nowait, consumer.subscriptions_made)
+        if batch:
+            self.stats.batches_collected += 1
+            self.stats.batch_wait_ms_total += (time.monotonic() - first_at) * 1000
         return batch
 
     def _receive_nowait(self) -> Message | None:

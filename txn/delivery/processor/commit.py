@@ -34,6 +34,8 @@ from ..batch_ids import narrowed_batch_id
 from ..batch_txn import BatchScope, BatchTxn
 from ..batching import EntryBoundaries
 from ..fencing import PartitionFences
+from ..guard_checkpoint import encode as encode_checkpoint
+from ..guard_checkpoint import mark_deletes
 from ..ledger import Kind, now_ms
 from ..ledger_guard import LedgerGuard
 from ..output import Output, normalise, output_size
@@ -43,6 +45,15 @@ from .metrics import ProcessorMetrics
 from .records import _ids
 
 log = logging.getLogger("txn.processor")
+
+
+async def _checkpoint_sent(f: Any) -> None:
+    """Wait for a checkpoint's receipt. Its failure does not fail the batch: a checkpoint only saves
+    reading; committed or not, every rung it holds is true of the ledger."""
+    try:
+        await f
+    except PulsarError as exc:
+        log.warning("guard checkpoint not written (%s); the next one comes with a later batch", exc)
 
 
 class CommitPipeline:
@@ -60,6 +71,9 @@ class CommitPipeline:
     _consumer: AsyncConsumer | None
     _producers: dict[str, AsyncProducer]
     _ledger: AsyncProducer | None
+    _checkpoints: AsyncProducer | None
+    _next_checkpoint: float
+    ledger_topic: str
     _stopping: asyncio.Event
     _inflight: set[asyncio.Task[None]]
     commit_slots: asyncio.Semaphore
@@ -70,6 +84,7 @@ class CommitPipeline:
     batches: BatchScope
     _handback: set[Any]
     _entries: EntryBoundaries | None
+    _held_over: tuple[Message, int] | None
 
     async def _take_txn(self) -> AsyncTransaction:
         """The pre-opened transaction if it is still fresh, else a new one."""
@@ -146,7 +161,10 @@ class CommitPipeline:
         rec = self.batches.record(Kind.STARTED, batch_id, attempt=attempt, inputs=_ids(msgs), started_at_ms=started,
                                   with_config=True)
         try:
-            await guard.ensure_running()
+            # A recovered cursor may stand below the checkpoint the guard started from: then the
+            # guard reads again from an earlier one (or the ledger's start).
+            marks = await mark_deletes(self._consumer) if self._checkpoints is not None else None
+            await guard.ensure_running(marks, checkpoints=self._checkpoints is not None)
             mid = await self._ledger.send(rec.to_json(), partition_key=batch_id)
             await guard.wait_past(mid, timeout_ms / 1000)
         except (PulsarError, TimeoutError) as exc:
@@ -236,6 +254,19 @@ class CommitPipeline:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
+    def _checkpoint(self, t: AsyncTransaction) -> Any:
+        """When one is due, send the guard's checkpoint in ``t`` (returns the receipt to await)."""
+        c = self.config
+        if self._checkpoints is None or self.guard is None or time.monotonic() < self._next_checkpoint:
+            return None
+        rung = self.guard.rung(now_ms())
+        if rung is None:
+            return None
+        self._next_checkpoint = time.monotonic() + c.guard_checkpoint_s
+        ladder = self.guard.add_rung(rung)
+        data = encode_checkpoint(c.job, self.ledger_topic, str(t.id), ladder, now_ms())
+        return asyncio.ensure_future(self._checkpoints.send(data, txn=t))
+
     async def _transform(self, msgs: list[Message]) -> list[tuple[Message, list[Output]]]:
         c = self.config
         budget = [c.max_output_bytes_per_batch]  # bytes left for the rest of the batch
@@ -306,7 +337,12 @@ class CommitPipeline:
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
             receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates=duplicates)
             self._ledger.flush_now()
-            record_id = await receipt
+            checkpoint = self._checkpoint(t)
+            try:
+                record_id = await receipt
+            finally:
+                if checkpoint is not None:
+                    await _checkpoint_sent(checkpoint)
             await ack
             if self._generation() != generation:
                 # A producer reconnected during this transaction and may have re-sent a frame
@@ -359,6 +395,7 @@ class CommitPipeline:
             consumer.redeliver_after_abort([], True)
         if self._entries is not None:
             self._entries.drop()
+        self._held_over = None
         self.stats.redeliveries += 1
         self._guard_synced = -1
 

@@ -21,6 +21,9 @@ class ProcessorConfig:
     job: str = "job"
     batch_max_messages: int = 100
     batch_max_delay_ms: int = 100
+    #: A batch also closes before its inputs' payloads would pass this many bytes; a message
+    #: larger than the bound goes alone in its batch. 0: no bound by bytes.
+    batch_max_bytes: int = 8 * 1024 * 1024
     max_attempts: int = 3
     txn_timeout_ms: int = 60000
     max_inflight_commits: int = 2
@@ -39,6 +42,12 @@ class ProcessorConfig:
     ledger_guard: bool = True
     #: Bound of the guard's state: committed input ids remembered (about 60 bytes each).
     guard_max_ids: int = 1_000_000
+    #: Every this many seconds (at most), a commit also writes the ledger guard's checkpoint (where
+    #: it has read to, and the highest input each partition's records name), so that the next
+    #: start reads the ledger from the newest checkpoint the subscription's cursor allows instead
+    #: of from its beginning (``txn.delivery.guard_checkpoint``). 0: no checkpoints, and the guard
+    #: reads the whole ledger at every start.
+    guard_checkpoint_s: float = 30.0
     #: How long a batch waits for the ledger to become readable up to its STARTED record after a
     #: re-subscription; default 3 x the transaction timeout, at least 2 minutes.
     guard_sync_timeout_ms: int | None = None
@@ -95,15 +104,20 @@ class ProcessorStats:
     #: Times the inputs of failed batches were handed back for redelivery.
     redeliveries: int = 0
     commit_ms_total: float = 0.0
+    #: Batches collected, and the time their first input waited for the batch to close (the
+    #: batching delay an input sees, before its handler runs).
+    batches_collected: int = 0
+    batch_wait_ms_total: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     def line(self, job: str, inflight: int) -> str:
         el = max(time.monotonic() - self.started, 1e-9)
         avg = self.commit_ms_total / self.batches if self.batches else 0.0
+        wait = self.batch_wait_ms_total / self.batches_collected if self.batches_collected else 0.0
         return (
             f"[{job}] batches={self.batches} messages={self.messages} outputs={self.outputs} "
             f"txn/s={self.batches / el:.1f} msg/s={self.messages / el:.0f} aborts={self.aborts} "
             f"parked={self.parked} duplicates_skipped={self.duplicates_skipped} takeovers={self.takeovers} "
             f"partitions_lost={self.partitions_lost} redeliveries={self.redeliveries} inflight={inflight} "
-            f"avg_commit_ms={avg:.1f}"
+            f"avg_commit_ms={avg:.1f} avg_batch_wait_ms={wait:.1f}"
         )
