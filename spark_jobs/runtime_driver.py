@@ -60,8 +60,10 @@ from txn.backoff import Backoff
 from txn.delivery.batch_ids import narrowed_batch_id, processor_batch_id
 from txn.delivery.batch_txn import BatchScope, BatchTxn
 from txn.delivery.fencing import PartitionFences
-from txn.delivery.ledger import Kind, RecordConfig, ensure_ledger_retained
-from txn.delivery.ledger_reader import read_records
+from txn.delivery.guard_checkpoint import Rung, checkpoint_topic, load_ladder, thin
+from txn.delivery.guard_checkpoint import encode as encode_checkpoint
+from txn.delivery.ledger import Kind, RecordConfig, ensure_ledger_retained, now_ms
+from txn.delivery.ledger_reader import LedgerReader
 from txn.delivery.processor import (
     PARK_ATTEMPTS,
     PARK_BATCH,
@@ -148,6 +150,15 @@ class DistributedRuntime:
         self._after: dict[str, Entry] = {}
         self._stopping = False
         self.exact_retries = False
+        #: Start-up's ledger scan: the checkpoint it started after (None: the ledger's start) and
+        #: the records it read; what the next checkpoint says (the furthest committed range end per
+        #: partition) and when it is due (``config.guard_checkpoint_s``, with fencing on).
+        self.scan_from: Rung | None = None
+        self.scan_records = 0
+        self._ends: dict[str, Entry] = {}
+        self._ladder: list[Rung] = []
+        self._checkpoints: Any = None
+        self._next_checkpoint = 0.0
         #: The input partitions' fences (``config.fencing``), taken in :meth:`start`.
         self.fences: PartitionFences | None = None
         #: Opens the batches' transactions and writes their records (set up in :meth:`start`).
@@ -162,6 +173,8 @@ class DistributedRuntime:
         self._tps = {tp.name: tp for tp in conn.resolve()}
         conn.hold(c.subscription, sorted(self._tps))
         self._ledger = conn.run(self._open_ledger())
+        if c.fencing and c.ledger_guard and c.guard_checkpoint_s > 0:
+            self._checkpoints = conn.run(self._open_checkpoints())
         if c.fencing:
             # Fence any earlier driver out of every partition, and wait until the transactions it
             # left open are resolved, before reading where the subscription stands.
@@ -177,6 +190,7 @@ class DistributedRuntime:
             self._after[name] = mark if mark is not None else _EARLIEST
         if c.ledger_guard:
             ends, unresolved = conn.run(self._ledger_scan())
+            self._ends = dict(ends)
             for name, to in ends.items():
                 if name in self._after and to > self._after[name]:
                     log.warning("%s: the ledger shows %s committed but the subscription is at %s; starting after %s",
@@ -190,14 +204,37 @@ class DistributedRuntime:
         await ensure_ledger_retained(self._conn.client, self.ledger_topic)
         return await self._conn.client.create_producer(self.ledger_topic, batching_enabled=False)
 
+    async def _open_checkpoints(self) -> Any:
+        assert self._conn is not None
+        topic = checkpoint_topic(self.ledger_topic, self.config.job)
+        await ensure_ledger_retained(self._conn.client, topic)
+        return await self._conn.client.create_producer(topic, batching_enabled=False)
+
     async def _ledger_scan(self) -> tuple[dict[str, Entry], list[str]]:
         """The furthest range end per partition in this job's committing records, and the
-        transactions of this job's runtime that have a STARTED record and no outcome."""
+        transactions of this job's runtime that have a STARTED record and no outcome.
+
+        With checkpoints (fencing on), the scan starts after the newest checkpoint, whose rung
+        holds the furthest ends of every record before it: a driver writes one in a batch's
+        transaction, at its COMMITTED record, and no other driver of the job commits while it holds
+        the fences. (A STARTED record before the checkpoint with no outcome is then not listed: the
+        fences taken at start already aborted what such a driver left open.)"""
         assert self._conn is not None
         ends: dict[str, Entry] = {}
+        start = txn.EARLIEST
+        self.scan_from = None
+        if self._checkpoints is not None:
+            self._ladder, _ = await load_ladder(self._conn.client, self.ledger_topic, self.config.job)
+            if self._ladder:
+                self.scan_from = self._ladder[-1]
+                ends = dict(self.scan_from.hi)
+                start = self.scan_from.start_id()
         started: dict[str, None] = {}
         ended: set[str] = set()
-        for r in await read_records(self._conn.client, self.ledger_topic, verify_txn=True):
+        async with await LedgerReader.open(self._conn.client, self.ledger_topic, start, verify_txn=True) as rd:
+            entries = await rd.to_end()
+        self.scan_records = len(entries)
+        for r in (e.record for e in entries if e.record is not None):
             if r.job != self.config.job or r.config.runtime != "spark" or not r.txn_id:
                 continue
             if r.kind == Kind.STARTED:
@@ -397,16 +434,48 @@ class DistributedRuntime:
         await bt.mark([r.name for r in ranges])
         await asyncio.gather(*(held[r.name].acknowledge_cumulative(
             txn.MessageId(*res.ends[r.name].to), t) for r in ranges))
-        receipt = await bt.write(Kind.COMMITTED, input_ranges=record_ranges(ranges, res.ends),
+        input_ranges = record_ranges(ranges, res.ends)
+        receipt = await bt.write(Kind.COMMITTED, input_ranges=input_ranges,
                                  outputs=dict(res.outputs),
                                  config=self._record_config().updated(tasks=res.tasks, rows=res.rows,
                                                                       duplicates_dropped=res.duplicates,
                                                                       task_attempts=res.attempts))
-        await receipt
+        record_id = await receipt
+        ladder = await self._checkpoint(t, record_id, input_ranges)
         _fault("kill_before_runtime_commit", self.seq)
         if self.before_commit is not None:  # test hook (a zombie's pause)
             await asyncio.get_running_loop().run_in_executor(None, self.before_commit)
         await t.commit()
+        for name, rng in input_ranges.items():  # committed: the next checkpoints' rungs hold them
+            self._fold(name, parse_entry(rng["to"]))
+        if ladder is not None:
+            self._ladder = ladder
+
+    def _fold(self, name: str, to: Entry) -> None:
+        if to > self._ends.get(name, _EARLIEST):
+            self._ends[name] = to
+
+    async def _checkpoint(self, t: Any, record_id: Any, input_ranges: dict[str, dict[str, Any]]) -> list[Rung] | None:
+        """When one is due, write a rung at this batch's COMMITTED record, in its transaction (so it
+        is visible exactly if the batch commits): the furthest ends with this batch's ranges. Returns
+        the ladder to keep once the batch committed (None: nothing written)."""
+        if self._checkpoints is None or time.monotonic() < self._next_checkpoint:
+            return None
+        self._next_checkpoint = time.monotonic() + self.config.guard_checkpoint_s
+        ends = dict(self._ends)
+        for name, rng in input_ranges.items():
+            to = parse_entry(rng["to"])
+            if to > ends.get(name, _EARLIEST):
+                ends[name] = to
+        rung = Rung((record_id.ledger_id, record_id.entry_id, record_id.batch_index), ends, now_ms())
+        ladder = thin([*self._ladder, rung])
+        data = encode_checkpoint(self.config.job, self.ledger_topic, str(t.id), ladder, now_ms())
+        try:
+            await self._checkpoints.send(data, txn=t)
+        except PulsarError as exc:  # only saves reading at the next start; the batch goes on
+            log.warning("checkpoint not written (%s); the next one comes with a later batch", exc)
+            return None
+        return ladder
 
     def _abort(self, bt: BatchTxn, error: str) -> None:
         assert self._conn is not None
@@ -456,6 +525,7 @@ class DistributedRuntime:
         assert self._conn is not None
         self._conn.run(self._commit_entry(r, good, outputs, bad, batch_id, root, len(msgs)))
         self._after[r.name] = r.to
+        self._fold(r.name, r.to)  # committed by a parking transaction: the next checkpoint's rung holds it
         self.stats.batches += 1
         self.stats.messages += len(good)
         self.stats.outputs += len(outputs)
@@ -525,6 +595,7 @@ class DistributedRuntime:
         msgs = read_messages(self.opts, r, self.poll_ms)
         conn.run(self._park_async(r, msgs, str(failure), attempts, root))
         self._after[r.name] = r.to
+        self._fold(r.name, r.to)  # committed by a parking transaction: the next checkpoint's rung holds it
         self.stats.parked += len(msgs)
         log.warning("parked %d message(s) of entry %s of %s (batch %s): %s", len(msgs), entry_text(r.to), r.name,
                     root, failure)

@@ -164,6 +164,48 @@ def test_batches_bounded_by_bytes(broker, spark, official, ns, unique_name):  # 
     assert Counter(read_all(official, out)) == upper_of(values)
 
 
+def test_driver_start_reads_the_ledger_from_its_checkpoint(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
+    """A driver's start-up scan begins after the newest checkpoint (written in a batch's transaction
+    at its COMMITTED record), not at the ledger's start: 1500 records of another job before it are
+    not read again; the furthest ends it carries keep the job exact."""
+    from spark_jobs.runtime_driver import DistributedRuntime
+    from txn.delivery.processor import ProcessorConfig
+
+    inp, out, ledger = _topics(ns, unique_name, "in", "out", "ledger")
+
+    async def noise():  # noqa: ANN202
+        async with txn.AsyncClient(broker.service_url) as c:
+            p = await c.create_producer(ledger, block_if_queue_full=True)
+            sends = [await p.send_async(json.dumps({"schema": "x", "n": i}).encode()) for i in range(1500)]
+            await asyncio.gather(*sends)
+            await p.close()
+
+    asyncio.run(noise())
+
+    def driver():  # noqa: ANN202
+        conf = ProcessorConfig(inputs=[inp], output=out, subscription="rt", job="rt", ledger_topic=ledger,
+                               batch_max_messages=50, guard_checkpoint_s=0.001)
+        return DistributedRuntime(spark, broker.service_url, upper, conf, admin_url=broker.admin_url)
+
+    values = fill(official, inp, 130)
+    first = driver()
+    try:
+        first.start()
+        assert first.scan_from is None and first.scan_records >= 1500
+        assert first.run(idle_exit_ms=1500).messages == 130
+    finally:
+        first.close()
+    more = fill(official, inp, 20, start=130)
+    second = driver()
+    try:
+        second.start()
+        assert second.scan_from is not None and second.scan_records < 20, second.scan_records
+        assert second.run(idle_exit_ms=1500).messages == 20
+    finally:
+        second.close()
+    assert Counter(read_all(official, out)) == upper_of(values + more)
+
+
 def test_partitioned_inputs_two_topics(broker, spark, official, ns, unique_name):  # noqa: ANN001, F811
     a, b, out, ledger = _topics(ns, unique_name, "a", "b", "out", "ledger")
     create_partitioned_topic(broker.admin_url, a, 3)
