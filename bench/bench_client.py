@@ -24,7 +24,10 @@ Measured, all on the same broker in one run:
    running the same loop.
 
 Throughput rows also report the client process's CPU per message, which a busy
-machine skews less than msg/s.
+machine skews less than msg/s, and the broker's limit on this machine from the same run:
+``bin/pulsar-perf produce`` (Java, 4 producers, unthrottled, batching on, same message size) for
+``--limit-seconds``, and ``bin/pulsar-perf consume`` reading back everything that wrote; each
+throughput row gives txn's figure as a percentage of it.
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ class Row:
     ref: list[float] = field(default_factory=list)
     higher_is_better: bool = True
     note: str = ""
+    #: The broker's limit on this machine for this kind of throughput (msg/s, pulsar-perf), if measured.
+    limit: float = float("nan")
 
 
 class CallbackCounter:
@@ -396,6 +401,38 @@ def java_perf(pulsar_home: Path, url: str, admin_url: str, in_topic: str, second
     return res
 
 
+_PERF_THROUGHPUT = re.compile(r"Aggregated throughput stats --- (\d+) records (?:sent|received) --- +([\d.]+) msg/s")
+
+
+def perf_limit(pulsar_home: Path, url: str, kind: str, topic: str, seconds: int, size: int,
+               n: int = 0) -> tuple[float, int]:
+    """The broker's limit on this machine: ``bin/pulsar-perf produce`` (4 producers, unthrottled, batching
+    on, ``size``-byte messages, for ``seconds``) or ``consume`` (a new subscription reading the ``n``
+    messages of ``topic`` from the earliest one, e.g. what the produce run wrote); its aggregated
+    msg/s and message count."""
+    exe = str(pulsar_home / "bin" / "pulsar-perf")
+    if kind == "produce":
+        cmd = [exe, "produce", "-u", url, "-r", "0", "-s", str(size), "-n", "4", "-time", str(seconds), topic]
+    else:
+        cmd = [exe, "consume", "-u", url, "-ss", uniq("perf-sub"), "-sp", "Earliest", "-m", str(n),
+               "-time", str(seconds), topic]
+    workdir = tempfile.mkdtemp(prefix="txnbench-perf-")
+    try:
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            text, _ = proc.communicate(timeout=seconds + 120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    m = _PERF_THROUGHPUT.search(text or "")
+    if m is None or int(m.group(1)) == 0:
+        raise RuntimeError(f"pulsar-perf {kind} measured nothing:\n{(text or '')[-2000:]}")
+    return float(m.group(2)), int(m.group(1))
+
+
 _JAVA_OPENS = [
     "-Djava.net.preferIPv4Stack=true",
     "--add-opens", "java.base/sun.net=ALL-UNNAMED", "--add-opens", "java.base/java.lang=ALL-UNNAMED",
@@ -468,15 +505,17 @@ def print_table(rows: list[Row], runs_label: str) -> None:
     print()
     print(f"## Results ({runs_label})")
     print()
-    print("| metric | txn | official / Java | ratio (txn / official) |")
-    print("|---|---:|---:|---:|")
+    print("| metric | txn | official / Java | ratio (txn / official) | txn, % of the broker's limit |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
         tv = median(r.txn)
         rv = median(r.ref) if r.ref else float("nan")
         ratio = tv / rv if r.ref and rv else float("nan")
         hint = "" if ratio != ratio else ("" if r.higher_is_better else " (lower is better)")
         ratio_s = "n/a" if ratio != ratio else f"{ratio:.2f}x{hint}"
-        print(f"| {r.metric} ({r.unit}) | {fmt(tv, r.unit)} | {fmt(rv, r.unit) if r.ref else 'n/a'} | {ratio_s} |")
+        lim = "n/a" if r.limit != r.limit else f"{100 * tv / r.limit:.0f}% of {fmt(r.limit, r.unit)}"
+        print(f"| {r.metric} ({r.unit}) | {fmt(tv, r.unit)} | {fmt(rv, r.unit) if r.ref else 'n/a'} | {ratio_s} "
+              f"| {lim} |")
     notes = [f"- {r.metric}: {r.note}" for r in rows if r.note]
     if notes:
         print()
@@ -503,6 +542,8 @@ def main() -> int:
     ap.add_argument("--pipelined-seconds", type=float, default=10.0,
                     help="duration of txn's pulsar-perf-shaped transaction loop (0 = skip)")
     ap.add_argument("--perf-seconds", type=int, default=20, help="pulsar-perf transaction -time (0 = skip it)")
+    ap.add_argument("--limit-seconds", type=int, default=20,
+                    help="pulsar-perf produce/consume -time for the broker's limit (0 = skip it)")
     ap.add_argument("--no-java", action="store_true", help="skip both Java measurements")
     ap.add_argument("--service-url", help="use this broker instead of starting one")
     ap.add_argument("--admin-url", help="admin URL of --service-url's broker")
@@ -531,6 +572,8 @@ def main() -> int:
         progress(f"broker: {url} (admin {admin}); {n:,} messages of {args.size} B, {args.runs} runs")
         progress("machine: " + machine_load(broker.pid if broker else None))
         rows: list[Row] = []
+        limit_topic: str | None = None  # what pulsar-perf produce wrote (the consumer limit reads it)
+        limit_n = 0
 
         # ---------------------------------------------------------------- 1. producer
         if "producer" in parts:
@@ -568,6 +611,15 @@ def main() -> int:
                     else:
                         for r, v in ((mps_async, mps), (mbs_async, mbs), (cpu_async, us)):
                             r.txn.append(v)
+            if args.limit_seconds > 0:
+                try:
+                    home = pulsar_home or ensure_distribution(progress)
+                    limit_topic = uniq("perf-p")
+                    lim, limit_n = perf_limit(home, url, "produce", limit_topic, args.limit_seconds, args.size)
+                    progress(f"producer: broker limit (pulsar-perf produce, 4 producers): {lim:,.0f} msg/s")
+                    mps_sync.limit = mps_async.limit = lim
+                except Exception as exc:  # noqa: BLE001 - reported, the rest of the table stands
+                    progress(f"producer: pulsar-perf produce failed: {exc}")
             rows += [mps_sync, mbs_sync, cpu_sync, mps_async, mbs_async, cpu_async]
 
         # ---------------------------------------------------------------- 2. consumer
@@ -605,6 +657,19 @@ def main() -> int:
                     else:
                         c_async.txn.append(mps)
                         ccpu_async.txn.append(us)
+            if args.limit_seconds > 0:
+                try:
+                    home = pulsar_home or ensure_distribution(progress)
+                    if limit_topic is None:  # the producer part did not run: fill one the same way
+                        limit_topic = uniq("perf-p")
+                        _, limit_n = perf_limit(home, url, "produce", limit_topic, args.limit_seconds, args.size)
+                    lim, _ = perf_limit(home, url, "consume", limit_topic, args.limit_seconds + 120, args.size,
+                                        limit_n)
+                    progress(f"consumer: broker limit (pulsar-perf consume of {limit_n:,} messages): "
+                             f"{lim:,.0f} msg/s")
+                    c_sync.limit = c_async.limit = lim
+                except Exception as exc:  # noqa: BLE001
+                    progress(f"consumer: pulsar-perf consume failed: {exc}")
             rows += [c_sync, ccpu_sync, c_async, ccpu_async]
 
         # ---------------------------------------------------------------- 3. transactions
