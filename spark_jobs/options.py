@@ -7,6 +7,9 @@ to every face of ``spark_jobs``:
   ``service.url``, ``admin.url``; ``topic`` for one topic on read). :func:`resolve_aliases`
   folds them into our canonical names and raises :class:`OptionConflict` when an alias and its
   canonical name are both given with different values (never a silent pick);
+- **unknown options are refused** (:func:`refuse_unknown`, :class:`UnknownOption`, naming the
+  nearest known option): an ignored cap (Spark's Kafka ``maxOffsetsPerTrigger``) or credential
+  (StreamNative's ``pulsar.client.authPluginClassName``) would change what a job does silently;
 - **connection security**: ``authToken`` (a token, or ``file:///path`` to a file holding one,
   read at each connect), ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection`` and
   ``tlsValidateHostname``. :func:`broker_settings` turns them, with the URLs, into a
@@ -30,6 +33,7 @@ __all__ = [
     "broker_settings",
     "lower_options",
     "parse_bool",
+    "refuse_unknown",
     "resolve_aliases",
     "settings_options",
 ]
@@ -49,6 +53,48 @@ _FALSE = ("false", "0", "no", "off")
 
 class OptionError(ValueError):
     """An option of a ``spark_jobs`` data source is missing, malformed or contradicts another."""
+
+
+class UnknownOption(OptionError):
+    """An option this data source does not know: refused, with the nearest known name, rather than
+    ignored (an ignored cap or credential changes what the job does without a word)."""
+
+    def __init__(self, option: str, face: str, message: str) -> None:
+        self.option = option
+        super().__init__(message)
+
+
+#: Options of other connectors users bring along, and what to use here instead.
+FOREIGN_OPTIONS: dict[str, str] = {
+    "maxoffsetspertrigger": "Spark's Kafka source caps batches by offsets; here the cap is maxMessagesPerTrigger",
+    "kafka.bootstrap.servers": "this is the Pulsar source; give service_url (pulsar://host:6650)",
+    "subscribe": "name the topics with topics (comma-separated) or topicsPattern",
+    "subscribepattern": "name the topics with topicsPattern",
+}
+#: Prefixes of StreamNative's client settings; authentication goes through authToken and the TLS options.
+_STREAMNATIVE = ("pulsar.client.", "pulsar.reader.", "pulsar.producer.", "pulsar.admin.")
+
+
+def refuse_unknown(o: Mapping[str, Any], known: Iterable[str], face: str) -> None:
+    """Raise :class:`UnknownOption` for the first option of ``o`` (lower-case names, aliases folded)
+    that is not in ``known`` (names as users write them), naming the nearest known one."""
+    import difflib
+
+    names = {k.lower(): k for k in known}
+    for key in sorted(o):
+        if key in names:
+            continue
+        if key in FOREIGN_OPTIONS:
+            raise UnknownOption(key, face, f"unknown option {key} of the {face}: {FOREIGN_OPTIONS[key]}")
+        if key.startswith(_STREAMNATIVE):
+            raise UnknownOption(key, face, (
+                f"unknown option {key} of the {face}: StreamNative's client settings are not read here; "
+                f"authenticate with authToken (a token, or file:///path) and the TLS options "
+                f"{', '.join(SECURITY_OPTIONS[1:])}"))
+        near = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+        hint = f"; did you mean {names[near[0]]}?" if near else ""
+        raise UnknownOption(key, face, f"unknown option {key} of the {face}{hint} (known: "
+                                       f"{', '.join(sorted(set(names.values()), key=str.lower))})")
 
 
 class OptionConflict(OptionError):

@@ -163,7 +163,14 @@ from txn.delivery.batch_ids import micro_batch_id, stream_next_id, write_batch_i
 from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, default_ledger_topic, now_ms
 from txn.settings import BrokerSettings
 
-from .options import CONNECTION_ALIASES, broker_settings, lower_options, resolve_aliases
+from .options import (
+    CONNECTION_ALIASES,
+    SECURITY_OPTIONS,
+    broker_settings,
+    lower_options,
+    refuse_unknown,
+    resolve_aliases,
+)
 from .sink_runtime import (
     BATCH_MAX_BYTES,
     BATCH_MAX_ROWS,
@@ -210,6 +217,12 @@ _FALSE = ("false", "0", "no", "off")
 # ------------------------------------------------------------------------------ options
 
 
+#: Every option the sink reads, as users write them (``checkpointLocation`` is Spark's own).
+SINK_OPTIONS = ("service_url", "admin_url", "topic", "ledger_topic", "job", "txn_timeout_ms", "deterministic_order",
+                "batch_max_rows", "batch_max_bytes", "query_id", "batch_id", "extraColumns", "writer",
+                "checkpointLocation", *SECURITY_OPTIONS)
+
+
 @dataclass(slots=True)
 class SinkOptions:
     """The sink's options, validated."""
@@ -241,8 +254,9 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Any) -> SinkOptions:
         """From Spark's (case-insensitive) options; raises :class:`SinkError` on bad ones
-        (:class:`spark_jobs.options.OptionError` for connection options and alias conflicts)."""
+        (:class:`spark_jobs.options.OptionError` for connection options, alias conflicts and unknown options)."""
         o = resolve_aliases(lower_options(options), CONNECTION_ALIASES)
+        refuse_unknown(o, SINK_OPTIONS, "pulsar-txn sink")
         if not o.get("service_url"):
             raise SinkError("the pulsar-txn sink needs option service_url (alias service.url), "
                             "e.g. pulsar://localhost:6650")

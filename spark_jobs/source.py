@@ -124,7 +124,14 @@ from .offsets import (
     position_of,
     to_message_id,
 )
-from .options import CONNECTION_ALIASES, OptionError, lower_options, resolve_aliases
+from .options import (
+    CONNECTION_ALIASES,
+    SECURITY_OPTIONS,
+    OptionError,
+    lower_options,
+    refuse_unknown,
+    resolve_aliases,
+)
 from .subscription import SUBSCRIPTION_KEY, check_subscription_name, new_subscription_name, split_offset
 
 SCHEMA = StructType([
@@ -266,6 +273,11 @@ class SourceOptions:
 
 
 #: The source's option aliases (lower case): StreamNative's names, and ``topic`` for one topic.
+#: Every option the source reads, as users write them (aliases are folded in first).
+SOURCE_OPTIONS = ("service_url", "admin_url", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
+                  "maxMessagesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs", "subscription",
+                  "predefinedSubscription", "failOnDataLoss", *SECURITY_OPTIONS)
+
 SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
     **CONNECTION_ALIASES,
     "topics": ("topic",),
@@ -279,7 +291,9 @@ def _source_options(options: Mapping[str, Any]) -> dict[str, Any]:
     single = o.get("topic")
     if single is not None and "," in str(single):
         raise OptionError(f"option topic names one topic, got {single!r}; use topics for a comma-separated list")
-    return resolve_aliases(o, SOURCE_ALIASES)
+    o = resolve_aliases(o, SOURCE_ALIASES)
+    refuse_unknown(o, SOURCE_OPTIONS, "pulsar source")
+    return o
 
 
 def _bool(value: Any, option: str) -> bool:

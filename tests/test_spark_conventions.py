@@ -24,7 +24,7 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from spark_jobs.options import OptionConflict, OptionError  # noqa: E402
+from spark_jobs.options import OptionConflict, OptionError, UnknownOption  # noqa: E402
 from spark_jobs.sink import ExtraColumnsError, SinkOptions  # noqa: E402
 from spark_jobs.source import SourceOptions  # noqa: E402
 from txn.admin import create_namespace, enable_namespace_dedup  # noqa: E402
@@ -58,6 +58,31 @@ def test_source_alias_conflict_is_a_typed_error(options: dict[str, str], option:
         SourceOptions.parse(options)
     assert info.value.option == option
     assert len(info.value.given) == 2 and "give it once" in str(info.value)
+
+
+@pytest.mark.parametrize(("options", "option", "hint"), [
+    ({"maxMessagesPerTriger": "10"}, "maxmessagespertriger", "did you mean maxMessagesPerTrigger"),
+    ({"maxOffsetsPerTrigger": "10"}, "maxoffsetspertrigger", "maxMessagesPerTrigger"),
+    ({"pulsar.client.authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationToken"},
+     "pulsar.client.authpluginclassname", "authToken"),
+    ({"authtokn": "x"}, "authtokn", "did you mean authToken"),
+    ({"path": "/tmp/x"}, "path", "known: "),
+])
+def test_source_refuses_unknown_options(options: dict[str, str], option: str, hint: str) -> None:
+    """An ignored cap or credential changes what a job does without a word: refused, with a pointer."""
+    with pytest.raises(UnknownOption) as info:
+        SourceOptions.parse({"service_url": URL, "topics": "orders", **options})
+    assert info.value.option == option and hint in str(info.value)
+    assert isinstance(info.value, OptionError) and isinstance(info.value, ValueError)
+
+
+def test_sink_refuses_unknown_options() -> None:
+    with pytest.raises(UnknownOption, match="did you mean txn_timeout_ms"):
+        SinkOptions.parse({"service_url": URL, "topic": "out", "txn_timeout": "1000"})
+    with pytest.raises(UnknownOption, match="StreamNative"):
+        SinkOptions.parse({"service_url": URL, "topic": "out", "pulsar.client.authParams": "token:x"})
+    ok = SinkOptions.parse({"service_url": URL, "topic": "out", "checkpointLocation": "/tmp/c", "writer": "rows"})
+    assert ok.topic == "persistent://public/default/out"
 
 
 def test_source_topic_is_one_topic() -> None:
