@@ -5,6 +5,9 @@ bounded by the sum of its consumers' ``receiver_queue_size``. Taking a message
 out returns a permit; every half queue's worth, a FLOW command asks for more.
 Permits are counted under the queue's lock by whichever thread takes or skips a
 message, so none is ever lost (a lost permit would eventually stall the consumer).
+A FLOW counted on another thread is sent by the event loop later, and only if the
+consumer has not resubscribed meanwhile: its permits belonged to the old session,
+and the new one was granted a full queue (a FLOW carried over would grant twice).
 """
 
 from __future__ import annotations
@@ -75,11 +78,16 @@ class ReceiveQueue:
         with self._lock:
             return _count_locked(sub, n)
 
-    def _flow(self, sub: Any, n: int) -> None:
+    def _flow(self, sub: Any, n: int, session: int) -> None:
         if _on_loop(self._loop):
-            self._on_flow(sub, n)
+            self._on_flow(sub, n)  # nothing ran on the loop since it was counted: same session
         else:
-            self._loop.call_soon_threadsafe(self._on_flow, sub, n)
+            self._loop.call_soon_threadsafe(self._flow_if_current, sub, n, session)
+
+    def _flow_if_current(self, sub: Any, n: int, session: int) -> None:
+        """Send a FLOW counted on another thread, unless ``sub`` resubscribed since (event-loop thread)."""
+        if sub.session == session:
+            self._on_flow(sub, n)
 
     def get_nowait(self) -> Any | None:
         """Pop one message, or ``None``."""
@@ -90,15 +98,16 @@ class ReceiveQueue:
                 return None
             item = self._dq.popleft()
             sub = item.consumer
-            flow = 0
+            flow = session = 0
             if sub is not None:  # _count_locked(sub, 1), inlined: this runs once per message
                 sub.taken += 1
                 if sub.taken >= sub.threshold:
                     flow, sub.taken = sub.taken, 0
+                    session = sub.session
             elif type(item) is QueuedError:
                 raise item.error
         if flow:
-            self._flow(sub, flow)
+            self._flow(sub, flow, session)
         return item
 
     def get_blocking(self, timeout: float | None) -> Any:
@@ -146,9 +155,12 @@ class ReceiveQueue:
         return removed
 
     def reset(self, sub: Any) -> None:
-        """Forget ``sub``'s uncounted permits (after a resubscribe grants a full queue again)."""
+        """Start a new session for ``sub`` (a resubscribe, which grants a full queue again): forget
+        its uncounted permits, and drop the FLOWs of the old session still on their way from other
+        threads (event-loop thread)."""
         with self._lock:
             sub.taken = 0
+            sub.session += 1
 
     def close(self, reason: BaseException | None = None) -> None:
         """Wake every waiter with ``reason`` (default :class:`AlreadyClosed`)."""

@@ -23,6 +23,20 @@ def _is_acked(ack_set: Any, i: int) -> bool:
     return not (ack_set[w] & (1 << (i % 64)))
 
 
+def _charged_permits(n: int, ack_set: Any) -> int:
+    """The permits the broker took for an entry of ``n`` messages sent with ``ack_set``.
+
+    The broker charges a batch entry its message count less the indexes already acknowledged
+    (those cleared in the ack set it sends along: batch-index acks, committed or pending in a
+    transaction), i.e. the bits still set; without an ack set, all ``n``. The client returns
+    exactly this much for the entry, whether it queues, skips or drops its messages: returning
+    the acknowledged indexes too would grant permits the broker never took.
+    """
+    if not ack_set:
+        return max(n, 0)
+    return sum((w & 0xFFFFFFFFFFFFFFFF).bit_count() for w in ack_set)
+
+
 class MessageFlow:
     """Part of :class:`~.topic_consumer.TopicConsumer`: flow permits and decoding.
 
@@ -30,6 +44,11 @@ class MessageFlow:
     split into messages (batch entries, skipping acknowledged or compacted-away indexes) and
     queued; what is dropped returns its permits, and a corrupt entry is queued as an error in its
     place.
+
+    Permits are returned exactly as the broker took them (:func:`_charged_permits`): each queued
+    message returns one when taken (or when a redelivery drops it), and the rest of what the
+    entry cost is returned on arrival. An acknowledged batch index cost nothing, so it returns
+    nothing.
     """
 
     parent: ConsumerParent
@@ -51,6 +70,9 @@ class MessageFlow:
                 pass
 
     def _skip(self, n: int) -> None:
+        """Return ``n`` permits of messages that are not queued (dropped, or dropped from the queue)."""
+        if n <= 0:
+            return
         granted = self.parent.receive_queue.count(self, n)
         if granted:
             self.send_flow(granted)
@@ -61,15 +83,17 @@ class MessageFlow:
             raise ProtocolError("MESSAGE command without payload", topic=self.topic)
         batched = meta.HasField("num_messages_in_batch")
         n = meta.num_messages_in_batch if batched else 1
+        ack_set = cmd.ack_set
+        charged = _charged_permits(n, ack_set)  # what this entry cost the broker's count for us
         if cmd.HasField("consumer_epoch") and cmd.consumer_epoch < self._epoch:
-            self._skip(n)  # sent before a redeliver-all; it comes again
+            self._skip(charged)  # sent before a redeliver-all; it comes again
             return
         mid = cmd.message_id
         if not frame.checksum_ok:
-            self._reject(ChecksumMismatch, "checksum mismatch", mid, n)
+            self._reject(ChecksumMismatch, "checksum mismatch", mid, charged)
             return
         if meta.HasField("marker_type"):
-            self._skip(n)
+            self._skip(charged)
             return
         try:
             if n < 1:
@@ -78,20 +102,22 @@ class MessageFlow:
             msgs = self._build(cmd, meta, payload, batched, n)
         except ProtocolError as exc:
             self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
-                         f"undecodable payload: {exc.message}", mid, n)
+                         f"undecodable payload: {exc.message}", mid, charged)
             return
-        skipped = n - len(msgs)
-        if skipped:
-            self._skip(skipped)
+        # Acknowledged indexes were not charged; compacted-away ones were, and come back here.
+        self._skip(charged - len(msgs))
         if msgs:
             self.parent.receive_queue.put_many(msgs)
 
-    def _reject(self, kind: type[CorruptMessage], what: str, mid: pb.MessageIdData, n: int) -> None:
-        """Report a corrupt entry in the receive queue, in its place; it stays unacknowledged."""
+    def _reject(self, kind: type[CorruptMessage], what: str, mid: pb.MessageIdData, permits: int) -> None:
+        """Report a corrupt entry in the receive queue, in its place; it stays unacknowledged.
+
+        Its ``permits`` (what the broker charged for it) are returned now: the queued error counts
+        none when taken."""
         err = kind(f"{what}; the entry is left unacknowledged", topic=self.topic,
                    message_id=MessageId(mid.ledgerId, mid.entryId, self.partition, topic=self.topic))
         log.error("%s", err)
-        self._skip(max(n, 1))
+        self._skip(permits)
         self.parent.receive_queue.put_error(err, self)
 
     def _build(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, batched: bool,

@@ -32,8 +32,15 @@ class TopicConsumer(MessageFlow, AckTracker):
     """Consumer on one topic or partition; :class:`AsyncConsumer` holds one per partition.
 
     Package-internal, public for the facades, the reader and the receive queue: ``ready`` (set
-    while subscribed), and ``taken``/``threshold`` (permits used since the last FLOW, and how
-    many make a FLOW), which only the receive queue touches, under its lock.
+    while subscribed), and ``taken``/``threshold``/``session`` (permits used since the last FLOW,
+    how many make a FLOW, and which subscription they count for), which only the receive queue
+    touches, under its lock.
+
+    Permits: each subscription starts a session in which the broker holds ``queue_size`` permits
+    less what it dispatched; the client returns one per message it takes out of the queue or
+    drops, and what the broker charged for an entry beyond its queued messages on arrival (see
+    :mod:`.flow`). A lost connection ends the session (the broker forgets its consumer, and what
+    was queued for it is dropped without a FLOW).
     """
 
     def __init__(self, parent: ConsumerParent, topic: str, partition: int, permits: int) -> None:
@@ -46,6 +53,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.queue_size = max(permits, 1)
         self.threshold = max(self.queue_size // 2, 1)
         self.taken = 0  # guarded by the parent's receive-queue lock
+        self.session = 0  # likewise; a new one at every (re)subscription
         self._conn: Connection | None = None
         self.ready = asyncio.Event()
         self._closed = False
