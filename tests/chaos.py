@@ -697,6 +697,12 @@ def run_chaos(
             event(f"NOT drained after {time.monotonic() - t_drain:.0f}s: {res.stranded} expected outputs not seen "
                   f"(inputs {_ranges([(i, 0) for i in missing], 12) if missing else '-'}), subscription backlog "
                   f"{res.backlog_left}; consumers: {_consumers(stats)}")
+            # Where each live processor waits (its log gets every asyncio task's stack), for the post-mortem.
+            for pr in [*fleet, *(z for _, z in zombies_up)]:
+                if pr.p.poll() is None:
+                    with contextlib.suppress(OSError):
+                        os.kill(pr.p.pid, signal.SIGUSR1)
+            time.sleep(1.0)
             # Recover as an operator would: stop everything, start the fleet again, wait for the rest.
             for _, z in zombies_up:
                 z.stop()

@@ -205,7 +205,9 @@ _U64 = (1 << 64) - 1
 async def mark_deletes(consumer: Any, timeout_s: float = 10.0) -> dict[str, Entry | None]:
     """The subscription's mark-delete entry of each partition ``consumer`` reads, as the broker
     reports it with ``GetLastMessageId`` (one round trip per partition, concurrently); None for a
-    partition whose answer did not come or carried none (then no rung naming it fits)."""
+    partition whose answer carried none (then no rung naming it fits). A partition that does not
+    answer raises (``ConnectError``, ``TimeoutError``): the caller retries rather than take an
+    unknown position for a low one and read the whole ledger again."""
     subs = list(consumer.topic_consumers)
 
     async def one(sub: Any) -> Entry | None:
@@ -217,5 +219,5 @@ async def mark_deletes(consumer: Any, timeout_s: float = 10.0) -> dict[str, Entr
             return None
         return (int(m.ledgerId), -1 if m.entryId in (_U64, -1) else int(m.entryId))
 
-    got = await asyncio.gather(*(one(s) for s in subs), return_exceptions=True)
-    return {s.topic: (g if not isinstance(g, BaseException) else None) for s, g in zip(subs, got, strict=True)}
+    got = await asyncio.gather(*(one(s) for s in subs))
+    return {s.topic: g for s, g in zip(subs, got, strict=True)}

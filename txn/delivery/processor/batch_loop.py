@@ -70,6 +70,7 @@ class BatchLoop:
                     raise self.fatal
                 if self._handback:
                     await self._redeliver_handed_back()
+                    idle_since = time.monotonic()  # what was handed back is on its way: not idle yet
                 batch = await self._collect()
                 while self._corrupt:
                     await self._park_corrupt(self._corrupt.pop(0))
@@ -80,7 +81,8 @@ class BatchLoop:
                     print(self.stats.line(self.config.job, len(self._inflight)), file=self._progress, flush=True)
                     last_progress = now
                 if not batch:
-                    if idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight:
+                    if (idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight
+                            and not self._handback):
                         if self.config.ordering is None or not self.config.ordering.holding:
                             break
                     wake = self.config.redeliver_idle_s

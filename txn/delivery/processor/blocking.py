@@ -72,8 +72,19 @@ class Processor:
             if signals and os.name == "posix":
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     self._loop.add_signal_handler(sig, proc.stop)
+                # SIGUSR1: print where every task of the processor waits (for a process that seems stuck).
+                self._loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
             await proc.start()
             try:
                 return await proc.run(max_batches=max_batches, idle_exit_ms=idle_exit_ms)
             finally:
                 await proc.close()
+
+
+def _dump_tasks() -> None:
+    """Print every asyncio task's stack to stderr."""
+    tasks = asyncio.all_tasks()
+    print(f"--- {len(tasks)} asyncio tasks (SIGUSR1) ---", file=sys.stderr, flush=True)
+    for t in tasks:
+        t.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()

@@ -46,6 +46,9 @@ from .records import _ids
 
 log = logging.getLogger("txn.processor")
 
+#: Seconds past a batch transaction's timeout after which its commit stage stops waiting.
+COMMIT_GRACE_S = 10.0
+
 
 async def _checkpoint_sent(f: Any) -> None:
     """Wait for a checkpoint's receipt. Its failure does not fail the batch: a checkpoint only saves
@@ -332,27 +335,32 @@ class CommitPipeline:
         t, batch_id = bt.t, bt.batch_id
         t0 = time.monotonic()
         ack: asyncio.Future[Any] | None = None
+        # Past its timeout the broker has aborted the transaction and nothing of it can commit:
+        # a commit stage still waiting then (a reply lost in a broker restart, a reconnect that
+        # never ends) is given up, and its inputs are handed back.
+        limit_s = max(0.0, t.opened_at + c.txn_timeout_ms / 1000 + COMMIT_GRACE_S - time.monotonic())
         try:
             assert self._consumer is not None and self._ledger is not None
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
-            receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates=duplicates)
-            self._ledger.flush_now()
-            checkpoint = self._checkpoint(t)
-            try:
-                record_id = await receipt
-            finally:
-                if checkpoint is not None:
-                    await _checkpoint_sent(checkpoint)
-            await ack
-            if self._generation() != generation:
-                # A producer reconnected during this transaction and may have re-sent a frame
-                # the broker had already stored; without broker dedup that could duplicate an
-                # output inside the transaction. Abort: the inputs come back and are redone.
-                raise TransactionError("a producer reconnected during the transaction; aborting to stay exactly-once",
-                                       txn_id=t.id)
-            if c.ordering is not None:
-                await c.ordering.prepare(msgs, t.id, self._ledger, record_id)
-            await t.commit()
+            async with asyncio.timeout(limit_s):
+                receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates=duplicates)
+                self._ledger.flush_now()
+                checkpoint = self._checkpoint(t)
+                try:
+                    record_id = await receipt
+                finally:
+                    if checkpoint is not None:
+                        await _checkpoint_sent(checkpoint)
+                await ack
+                if self._generation() != generation:
+                    # A producer reconnected during this transaction and may have re-sent a frame
+                    # the broker had already stored; without broker dedup that could duplicate an
+                    # output inside the transaction. Abort: the inputs come back and are redone.
+                    raise TransactionError("a producer reconnected during the transaction; aborting to stay "
+                                           "exactly-once", txn_id=t.id)
+                if c.ordering is not None:
+                    await c.ordering.prepare(msgs, t.id, self._ledger, record_id)
+                await t.commit()
             commit_ms = (time.monotonic() - t0) * 1000
             # (The guard learns this commit from the ledger: its reader sees the COMMITTED record.)
             self.stats.batches += 1
@@ -366,7 +374,12 @@ class CommitPipeline:
                 self.metrics.observe_commit(commit_ms)
             if c.ordering is not None:
                 await c.ordering.committed(msgs)
-        except (PulsarError, TransactionError) as exc:
+        except (PulsarError, TransactionError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                exc = TransactionError(f"the commit stage outlived the transaction's timeout ({c.txn_timeout_ms} ms) "
+                                       "and was given up", txn_id=t.id)
+                if ack is not None and not ack.done():
+                    ack.cancel()  # the broker aborted the transaction: its acknowledgements are void
             self.stats.aborts += 1
             log.warning("batch %s (txn %s) did not commit: %s; its inputs are handed back for redelivery",
                         batch_id, t.id, exc)
