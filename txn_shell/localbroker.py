@@ -46,6 +46,7 @@ from typing import Any
 
 from txn.admin import admin_request, topic_path
 
+from .metadata_sweep import SweepError, drop_ephemeral_nodes
 from .pulsar_version import PULSAR_VERSION
 
 __all__ = [
@@ -660,6 +661,12 @@ class LocalBroker:
     def _state_file(self) -> Path:
         return self.data_dir / "broker.json"
 
+    @property
+    def _unclean_marker(self) -> Path:
+        """Exists from a spawn until :meth:`stop` sees that standalone exit on SIGTERM: while it
+        does, the metadata store may hold ephemeral nodes of a standalone that was killed."""
+        return self.data_dir / ".unclean-stop"
+
     def _cookie_bookie_port(self) -> int | None:
         try:
             text = (self.data_dir / "bookkeeper" / "current" / "VERSION").read_text()
@@ -776,13 +783,32 @@ class LocalBroker:
                     raise BrokerError(f"port(s) {busy} on {HOST} already in use; is another broker running?")
                 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
                     raise BrokerError("java not found on PATH and JAVA_HOME is not set")
+                if self._unclean_marker.exists():
+                    self._drop_stale_ephemeral_nodes(home)
                 self._spawn(home)
                 started = True
         self.wait_ready(timeout)
         return started
 
+    def _drop_stale_ephemeral_nodes(self, home: Path) -> None:
+        """Delete the ephemeral nodes (bookie registration, broker locks) a standalone that did not
+        stop cleanly left in the metadata store. Left there, the next bookie's registration can loop
+        forever, deleting and recreating itself (see :mod:`txn_shell.metadata_sweep`)."""
+        t0 = time.monotonic()
+        try:
+            dropped = drop_ephemeral_nodes(home, self.data_dir / "metadata", cache_dir() / "tools")
+        except SweepError as e:  # start anyway: the loop is a race the new standalone may not lose
+            self.progress(f"warning: could not remove the previous broker's ephemeral metadata nodes: {e}")
+            return
+        if dropped:
+            self.progress(
+                f"removed {len(dropped)} ephemeral metadata node(s) of the previous, killed broker "
+                f"in {time.monotonic() - t0:.1f}s: {', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}"
+            )
+
     def _spawn(self, home: Path) -> None:
         self._write_config(home)
+        self._unclean_marker.write_text("")
         self._exit_code = None
         logs = self.log_file.parent
         logs.mkdir(parents=True, exist_ok=True)
@@ -924,7 +950,9 @@ class LocalBroker:
         self.progress(f"stopping broker (pid {pid})...")
         t0 = time.monotonic()
         self._signal(pid, signal.SIGTERM)
-        if not self._wait_exit(pid, timeout):
+        if self._wait_exit(pid, timeout):
+            self._unclean_marker.unlink(missing_ok=True)  # it released its ephemeral nodes
+        else:
             self.progress(f"broker did not exit within {timeout:.0f}s; killing it")
             self._signal(pid, signal.SIGKILL)
             if not self._wait_exit(pid, 30):
