@@ -63,14 +63,17 @@ class BatchLoop:
         last_progress = time.monotonic()
         idle_since = time.monotonic()
         last_wake = time.monotonic()  # the last batch, or the last idle redelivery request
+        idle_wake = False  # the hand-back pending is the idle redelivery's (it keeps the idle clock)
         done = 0
         try:
             while not self._stopping.is_set():
                 if self.fatal is not None:
                     raise self.fatal
                 if self._handback:
+                    woken, idle_wake = idle_wake, False
                     await self._redeliver_handed_back()
-                    idle_since = time.monotonic()  # what was handed back is on its way: not idle yet
+                    if not woken:  # a failed batch's inputs are on their way: not idle yet
+                        idle_since = time.monotonic()
                 batch = await self._collect()
                 while self._corrupt:
                     await self._park_corrupt(self._corrupt.pop(0))
@@ -90,6 +93,7 @@ class BatchLoop:
                         # Idle for a while: have the broker send again what we hold unacknowledged.
                         self._handback.update(self._consumer.topic_consumers)
                         last_wake = now
+                        idle_wake = True
                     continue
                 idle_since = last_wake = now
                 await self._process(batch, self._new_batch_id())

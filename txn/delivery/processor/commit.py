@@ -26,7 +26,7 @@ from typing import Any
 from ...backoff import Backoff
 from ...client import AsyncClient
 from ...consumer import AsyncConsumer
-from ...errors import OwnershipLost, PulsarError, TransactionError
+from ...errors import OwnershipLost, PulsarError, Timeout, TransactionError
 from ...message import Message
 from ...producer import AsyncProducer
 from ...transaction import AsyncTransaction
@@ -222,20 +222,33 @@ class CommitPipeline:
         duplicates = _ids(dups) if dups else {}
         if not wrote_started:
             bt.started_later(inputs=_ids(msgs) if dups else inputs, with_config=True)
+        registering = marking = None
         try:
-            # Register what the batch will surely touch in two requests, while it is transformed.
-            assert self._consumer is not None and self._ledger is not None
-            parts = self._ledger.partition_topics() + self._producers[self.output].partition_topics()
-            parts += bt.fence_topics(partitions)
-            subs = [(tp, c.subscription) for tp in partitions]
-            registering = asyncio.ensure_future(t.register_many(parts, subs))
-            # The proof of ownership goes in before any acknowledgement (those are sent by _finish).
-            marking = asyncio.ensure_future(bt.mark(partitions))
-            try:
-                outputs = await self._transform(fresh) if fresh else []
-            finally:
-                await _settle(registering, marking)
-            counts = await self._produce(outputs, t)
+            # Nothing of the transaction can commit past its timeout: a stage still waiting then
+            # (a reply lost in a broker restart) is given up, and the batch is tried again.
+            async with asyncio.timeout(max(0.0, t.opened_at + c.txn_timeout_ms / 1000 + COMMIT_GRACE_S
+                                           - time.monotonic())):
+                # Register what the batch will surely touch in two requests, while it is transformed.
+                assert self._consumer is not None and self._ledger is not None
+                parts = self._ledger.partition_topics() + self._producers[self.output].partition_topics()
+                parts += bt.fence_topics(partitions)
+                subs = [(tp, c.subscription) for tp in partitions]
+                registering = asyncio.ensure_future(t.register_many(parts, subs))
+                # The proof of ownership goes in before any acknowledgement (those are sent by _finish).
+                marking = asyncio.ensure_future(bt.mark(partitions))
+                try:
+                    outputs = await self._transform(fresh) if fresh else []
+                finally:
+                    await _settle(registering, marking)
+                counts = await self._produce(outputs, t)
+        except TimeoutError as exc:
+            for f in (registering, marking):
+                if f is not None and not f.done():
+                    f.cancel()
+            stuck = Timeout(f"batch {batch_id} outlived its transaction's timeout ({c.txn_timeout_ms} ms) before "
+                            "its commit; trying again", txn_id=t.id)
+            await bt.abort(stuck, inputs=inputs)
+            raise _Transient(stuck) from exc
         except OwnershipLost as lost:
             await bt.abort(lost, inputs=inputs)
             self._lost(lost, msgs)
