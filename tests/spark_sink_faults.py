@@ -81,19 +81,24 @@ class FaultyStreamArrowWriter(_Faulty, PulsarTxnStreamArrowWriter):
     pass
 
 
+def _sink_options(options: Any) -> SinkOptions:
+    """The sink's options without this module's ``fault_*`` ones (the sink refuses unknown options)."""
+    return SinkOptions.parse({k: v for k, v in dict(options).items() if not str(k).lower().startswith("fault_")})
+
+
 class FaultySink(PulsarTxnDataSource):
     @classmethod
     def name(cls) -> str:
         return "pulsar-txn-faulty"
 
     def writer(self, schema: Any, overwrite: bool) -> PulsarTxnWriter:
-        opts = SinkOptions.parse(self.options)
+        opts = _sink_options(self.options)
         w = (FaultyArrowWriter if opts.writer == "arrow" else FaultyWriter)(opts, schema)
         w.fault = _fault(self.options)
         return w
 
     def streamWriter(self, schema: Any, overwrite: bool) -> PulsarTxnStreamWriter:  # noqa: N802
-        opts = SinkOptions.parse(self.options)
+        opts = _sink_options(self.options)
         w = (FaultyStreamArrowWriter if opts.writer == "arrow" else FaultyStreamWriter)(opts, schema)
         w.fault = _fault(self.options)
         return w
