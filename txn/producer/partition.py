@@ -41,6 +41,7 @@ class PartitionProducer(Accumulator, Sender):
         self._fatal: PulsarError | None = None
         self._space_waiters: deque[asyncio.Future[None]] = deque()
         self._reconnect_task: asyncio.Task[None] | None = None
+        self._creating = False  # a create request is under way (see Sender._create)
         self._timeout_task: asyncio.Task[None] | None = None
         self._epoch = 0
         self.reconnects = 0  # re-creations after the first: a resend may have happened

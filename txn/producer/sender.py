@@ -4,6 +4,7 @@ send errors, send timeouts, close."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -56,6 +57,7 @@ class Sender:
     _seq: int
     _closed: bool
     _fatal: PulsarError | None
+    _creating: bool
     _space_waiters: deque[asyncio.Future[None]]
 
     # --------------------------------------------------------------- lifecycle
@@ -72,6 +74,13 @@ class Sender:
         self._timeout_task = loop.create_task(self._timeout_loop())
 
     async def _create(self) -> None:
+        self._creating = True
+        try:
+            await self._create_once()
+        finally:
+            self._creating = False
+
+    async def _create_once(self) -> None:
         conn = await self._ctx.pool.connection_for(self.topic)
         rid = next_request_id()
         conn.producers[self.producer_id] = self
@@ -98,6 +107,12 @@ class Sender:
         except BaseException:
             conn.producers.pop(self.producer_id, None)
             raise
+        if conn.producers.get(self.producer_id) is not self or conn.closed:
+            # The broker closed the producer (CLOSE_PRODUCER) or the connection dropped while the
+            # answer was on its way: going on would send to a producer the broker no longer has,
+            # whose receipts nobody would route here. Create it again.
+            conn.producers.pop(self.producer_id, None)
+            raise ConnectError("the producer was closed by the broker while it was being created", topic=self.topic)
         ok = resp.producer_success
         self.producer_name = ok.producer_name
         if ok.HasField("topic_epoch"):
@@ -143,6 +158,8 @@ class Sender:
         if self.conn is not None:
             self.conn.producers.pop(self.producer_id, None)
         self.conn = None
+        if self._creating:
+            return  # the create under way sees it (no longer registered) and tries again
         self._schedule_reconnect(ConnectError("broker closed the producer", topic=self.topic))
 
     def _schedule_reconnect(self, exc: BaseException) -> None:
@@ -256,6 +273,22 @@ class Sender:
             if self._pending and time.monotonic() - self._pending[0].created > limit:
                 self._fail_all(Timeout(f"no receipt within send_timeout_millis={self.conf.send_timeout_millis}",
                                        topic=self.topic))
+                self._recreate_after_timeout()
+
+    def _recreate_after_timeout(self) -> None:
+        """A connected producer that got no receipt for a whole send timeout is out of step with the
+        broker (a producer the broker closed, receipts lost): create it on the broker again."""
+        conn = self.conn
+        if not self.ready or conn is None or self._closed:
+            return
+        log.warning("producer %s on %s got no receipt within its send timeout; creating it again", self.producer_name,
+                    self.topic)
+        self.ready = False
+        conn.producers.pop(self.producer_id, None)
+        self.conn = None
+        with contextlib.suppress(ConnectError):
+            conn.send_command(command(T.CLOSE_PRODUCER, producer_id=self.producer_id, request_id=next_request_id()))
+        self._schedule_reconnect(Timeout("no receipt within the send timeout", topic=self.topic))
 
     def _fail_all(self, exc: PulsarError) -> None:
         self._flush_batch()
