@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import txn
+from txn.delivery.guard_checkpoint import mark_delete_entry
 
 from .offsets import last_position
 
@@ -120,12 +121,7 @@ async def cursor_and_last(consumer: Any) -> tuple[Entry | None, Entry | None]:
     d = r.last_message_id
     pos = last_position(txn.MessageId(d.ledgerId, d.entryId, -1, d.batch_index if d.HasField("batch_index") else -1))
     last = None if pos is None else (pos[0], pos[1])
-    mark = None
-    if r.HasField("consumer_mark_delete_position"):
-        m = r.consumer_mark_delete_position
-        if m.ledgerId not in (_U64,):
-            mark = (int(m.ledgerId), _signed(int(m.entryId)))
-    return mark, last
+    return mark_delete_entry(r), last
 
 
 def plan(positions: dict[str, tuple[str, int, Entry, Entry | None]], budget: int,

@@ -202,6 +202,16 @@ async def load_ladder(client: Any, ledger_topic: str, job: str, *, window: int =
 _U64 = (1 << 64) - 1
 
 
+def mark_delete_entry(resp: Any) -> Entry | None:
+    """The subscription's mark-delete entry in a ``GetLastMessageId`` answer (None if it has none)."""
+    if not resp.HasField("consumer_mark_delete_position"):
+        return None
+    m = resp.consumer_mark_delete_position
+    if m.ledgerId == _U64:
+        return None
+    return (int(m.ledgerId), -1 if m.entryId in (_U64, -1) else int(m.entryId))
+
+
 async def mark_deletes(consumer: Any, timeout_s: float = 10.0) -> dict[str, Entry | None]:
     """The subscription's mark-delete entry of each partition ``consumer`` reads, as the broker
     reports it with ``GetLastMessageId`` (one round trip per partition, concurrently); None for a
@@ -211,13 +221,7 @@ async def mark_deletes(consumer: Any, timeout_s: float = 10.0) -> dict[str, Entr
     subs = list(consumer.topic_consumers)
 
     async def one(sub: Any) -> Entry | None:
-        r = await asyncio.wait_for(sub.last_message_id_response(), timeout_s)
-        if not r.HasField("consumer_mark_delete_position"):
-            return None
-        m = r.consumer_mark_delete_position
-        if m.ledgerId == _U64:
-            return None
-        return (int(m.ledgerId), -1 if m.entryId in (_U64, -1) else int(m.entryId))
+        return mark_delete_entry(await asyncio.wait_for(sub.last_message_id_response(), timeout_s))
 
     got = await asyncio.gather(*(one(s) for s in subs))
     return {s.topic: g for s, g in zip(subs, got, strict=True)}
