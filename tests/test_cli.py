@@ -48,7 +48,7 @@ def test_process_park_and_replay_from_the_cli(broker, official, unique_name):
     r = _cli("process", "--service-url", broker.service_url, "--input", inp, "--output", out,
              "--subscription", "cli", "--handler", "txn_shell.examples.handlers:poison_aware", "--job", "clijob",
              "--ledger-topic", ledger, "--max-attempts", "2", "--batch-max-delay-ms", "300",
-             "--exit-when-idle-ms", "30000")
+             "--exit-when-idle-ms", "5000")
     assert r.returncode == 0, r.stderr
     assert "stopped: " in r.stderr and "1 parked" in r.stderr
     reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)

@@ -339,6 +339,13 @@ def test_two_standalones_side_by_side(tmp_path) -> None:
         finally:
             assert cli.main(["broker", "stop", *args]) == 0
     assert not LocalBroker(data).is_running()
+    # A clean stop closes the broker service while its bookie (same JVM) still runs: on a bare
+    # SIGTERM both shutdown hooks run at once and the broker's last writes meet a dead bookie.
+    log = _last_instance_log(LocalBroker(data))
+    closed = log.find(b"Successfully shutdown broker gracefully")
+    bookie_down = log.find(b"Shutting down BookieServer")
+    assert 0 <= closed < bookie_down, (closed, bookie_down)
+    assert b"Bookie handle is not available" not in log[closed:]
 
 
 def _last_instance_log(lb: LocalBroker) -> bytes:

@@ -84,7 +84,7 @@ def test_process_and_replay_with_credentials_from_the_environment(authz_broker, 
                PULSAR_TXN_TLS_TRUST_CERTS=authz_broker.ca_cert)
     r = _cli(env, "process", "--input", inp, "--output", out, "--subscription", "sec", "--job", "secjob",
              "--handler", f"{HANDLERS}:poison_aware", "--ledger-topic", ledger, "--max-attempts", "2",
-             "--batch-max-delay-ms", "300", "--exit-when-idle-ms", "20000")
+             "--batch-max-delay-ms", "300", "--exit-when-idle-ms", "5000")
     assert r.returncode == 0, r.stderr
     assert "stopped: " in r.stderr and "1 parked" in r.stderr
     reader = official.subscribe(out, "r", initial_position=pulsar.InitialPosition.Earliest)

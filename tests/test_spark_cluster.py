@@ -115,7 +115,7 @@ def test_spark_submit_on_standalone_cluster(cluster, broker, official, unique_na
     r = subprocess.run(
         [sys.executable, "-m", "txn_shell.cli", "spark", "submit", "enrich", "--service-url", broker.service_url,
          "--input", inp, "--output", out, "--subscription", "cluster", "--master", master_url,
-         "--exit-when-idle-ms", "10000", "--batch-max-delay-ms", "1500"],
+         "--exit-when-idle-ms", "5000", "--batch-max-delay-ms", "1500"],
         capture_output=True, text=True, timeout=240, env=env, cwd=str(ROOT),
     )
     assert r.returncode == 0, r.stderr[-3000:]
