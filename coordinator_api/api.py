@@ -1,8 +1,9 @@
 """REST routes: liveness, readiness, health, transactions, coordinators, jobs, batches, replays,
 quarantine, metrics.
 
-Only ``/livez`` is open whatever the settings; with ``read_requires_token`` everything else needs
-the token. Texts of errors (in /health, in logs) never hold record contents or SQL parameters.
+Only the probes, ``/livez`` and ``/readyz``, are open whatever the settings; with
+``read_requires_token`` everything else needs the token. Texts of errors (in /health, in logs)
+never hold record contents or SQL parameters.
 
 A batch is identified by (ledger topic, batch id): ``GET /batches/{id}`` and ``POST
 /batches/{id}/replay`` take ``?ledger_topic=``, needed only when that id is in several ledger
@@ -143,22 +144,21 @@ async def _ping_database(c: Core) -> None:
     await asyncio.to_thread(ping)
 
 
-@reads.get("/readyz", response_model=Ready, responses={503: {"model": Ready}, **AUTH_ERRORS})
+@router.get("/readyz", response_model=Ready, responses={503: {"model": Ready}})
 async def readyz(response: Response, c: Core = Depends(core)) -> dict[str, Any]:
-    """Readiness: the database and the broker's admin API answer (503 if not)."""
+    """Readiness: this process can serve its API, i.e. its database answers (503 if not).
+
+    The broker is not asked: every read but the live views comes from the database, and a broker
+    outage would otherwise take every replica out of its Service at once (``/health`` reports the
+    broker). Open to all, like ``/livez``: the orchestrator's probe carries no token."""
     try:
         await _ping_database(c)
         database = True
     except Exception:  # noqa: BLE001 - reported, not raised
         database = False
-    try:
-        await _ping_broker(c)
-        broker = True
-    except LiveError:
-        broker = False
-    if not (database and broker):
+    if not database:
         response.status_code = 503
-    return {"status": "ready" if database and broker else "not ready", "database": database, "broker": broker}
+    return {"status": "ready" if database else "not ready", "database": database}
 
 
 @reads.get("/health", response_model=Health, responses={503: {"model": Health}, **AUTH_ERRORS})

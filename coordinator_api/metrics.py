@@ -2,22 +2,24 @@
 restart loses nothing), plus each job's subscription backlog from the broker's admin API.
 
 Every series is named ``pulsartxn_*``, never ``pulsar_txn_*`` (the broker's own transaction
-series); running totals are counters ending ``_total``; per-job series carry a ``job`` label:
+series); running totals are counters ending ``_total``; per-job series carry a ``pipeline`` label,
+the pulsar-txn job's name. (It was called ``job`` before; Prometheus sets ``job`` to the scrape
+job's name, so keeping ours needed ``honor_labels``.)
 
 =============================================  =========  =====================================================
 series                                         type       what
 =============================================  =========  =====================================================
-``pulsartxn_transactions_total``               counter    ended transactions by ``job``, ``state`` (COMMITTED,
-                                                          ABORTED); parking and replay transactions included
-``pulsartxn_open_transactions``                gauge      transactions the ledger shows open, by ``job``
-``pulsartxn_batches``                          gauge      batches by ``job`` and current ``status``
-``pulsartxn_committed_messages_total``         counter    inputs of committed (or replayed) batches, by ``job``
-``pulsartxn_committed_outputs_total``          counter    outputs of committed (or replayed) batches, by ``job``
-``pulsartxn_commit_latency_seconds``           histogram  open-to-commit time of committed transactions, by ``job``
+``pulsartxn_transactions_total``               counter    ended transactions by ``pipeline``, ``state``
+                                                          (COMMITTED, ABORTED); parking and replays included
+``pulsartxn_open_transactions``                gauge      transactions the ledger shows open, by ``pipeline``
+``pulsartxn_batches``                          gauge      batches by ``pipeline`` and current ``status``
+``pulsartxn_committed_messages_total``         counter    inputs of committed (or replayed) batches
+``pulsartxn_committed_outputs_total``          counter    outputs of committed (or replayed) batches
+``pulsartxn_commit_latency_seconds``           histogram  open-to-commit time of committed transactions
 ``pulsartxn_last_commit_timestamp_seconds``    gauge      end time of the job's last committed batch
 ``pulsartxn_seconds_since_last_commit``        gauge      now minus that
 ``pulsartxn_subscription_backlog_messages``    gauge      backlog of the job's subscription per input topic
-                                                          (``job``, ``topic``, ``subscription``)
+                                                          (``pipeline``, ``topic``, ``subscription``)
 ``pulsartxn_replays``                          gauge      replays requested over REST by ``status``
 ``pulsartxn_quarantined_records_total``        counter    ledger messages quarantined by the projection
 ``pulsartxn_projected_records_total``          counter    ledger records projected by this process
@@ -179,9 +181,9 @@ class StateCollector(Collector):
         now = time.time()
         jobs = sorted({r[0] for r in txns} | {r[0] for r in batches})
         ended = CounterMetricFamily(f"{PREFIX}_transactions", "Ended transactions in the ledger by job and state",
-                                    labels=["job", "state"])
+                                    labels=["pipeline", "state"])
         open_ = GaugeMetricFamily(f"{PREFIX}_open_transactions", "Transactions the ledger shows open, by job",
-                                  labels=["job"])
+                                  labels=["pipeline"])
         by_job_state = {(j, s): int(n) for j, s, n in txns}
         for j in jobs:
             for s in ("COMMITTED", "ABORTED"):
@@ -189,15 +191,15 @@ class StateCollector(Collector):
             open_.add_metric([j], by_job_state.get((j, "OPEN"), 0))
         yield ended
         yield open_
-        g = GaugeMetricFamily(f"{PREFIX}_batches", "Batches by job and current status", labels=["job", "status"])
+        g = GaugeMetricFamily(f"{PREFIX}_batches", "Batches by job and current status", labels=["pipeline", "status"])
         msgs = CounterMetricFamily(f"{PREFIX}_committed_messages", "Inputs of committed or replayed batches",
-                                   labels=["job"])
+                                   labels=["pipeline"])
         outs = CounterMetricFamily(f"{PREFIX}_committed_outputs", "Outputs of committed or replayed batches",
-                                   labels=["job"])
+                                   labels=["pipeline"])
         last_ts = GaugeMetricFamily(f"{PREFIX}_last_commit_timestamp_seconds",
-                                    "End time of the job's last committed batch", labels=["job"])
+                                    "End time of the job's last committed batch", labels=["pipeline"])
         since = GaugeMetricFamily(f"{PREFIX}_seconds_since_last_commit",
-                                  "Seconds since the job's last committed batch", labels=["job"])
+                                  "Seconds since the job's last committed batch", labels=["pipeline"])
         per: dict[str, dict[str, Any]] = {}
         for j, status, n, ins, outputs, last in batches:
             p = per.setdefault(j, {"status": {}, "in": 0, "out": 0, "last": None})
@@ -218,7 +220,7 @@ class StateCollector(Collector):
                 since.add_metric([j], max(0.0, now - p["last"] / 1000))
         yield from (g, msgs, outs, last_ts, since)
         h = HistogramMetricFamily(f"{PREFIX}_commit_latency_seconds",
-                                  "Open-to-commit time of committed transactions", labels=["job"])
+                                  "Open-to-commit time of committed transactions", labels=["pipeline"])
         lat: dict[str, tuple[list[int], list[float]]] = {}
         for j, bucket, n, total_ms in latency:
             per_bucket, total = lat.setdefault(j, ([0] * (len(LATENCY_BOUNDS_S) + 1), [0.0]))
@@ -235,7 +237,7 @@ class StateCollector(Collector):
         if self.backlogs is not None:
             bl = GaugeMetricFamily(f"{PREFIX}_subscription_backlog_messages",
                                    "Backlog of the job's subscription per input topic (admin API, read in the "
-                                   "background)", labels=["job", "topic", "subscription"])
+                                   "background)", labels=["pipeline", "topic", "subscription"])
             for j, (sub, values) in self.backlogs.values().items():
                 for topic, n in sorted(values.items()):
                     bl.add_metric([j, topic, sub], n)

@@ -201,11 +201,11 @@ class Alive(BaseModel):
 
 
 class Ready(BaseModel):
-    """Whether the database and the broker answer (503 if either does not)."""
+    """Whether this process can serve its API: its database answers (503 if not). The broker is
+    not part of readiness (see ``/health``)."""
 
     status: Literal["ready", "not ready"]
     database: bool
-    broker: bool
 
 
 class Quarantined(BaseModel):

@@ -42,9 +42,9 @@ BEARER = [{"HTTPBearer": []}]
 #: Every operation of the spec: (method, path) -> guarded by require_read / a mutation / open.
 READS = {("get", p) for p in ("/transactions", "/transactions/timeseries", "/transactions/{txn_id}", "/coordinators",
                               "/jobs", "/jobs/{job}", "/batches", "/batches/{batch_id}", "/replays/{replay_id}",
-                              "/metrics", "/health", "/readyz", "/quarantine")}
+                              "/metrics", "/health", "/quarantine")}
 MUTATIONS = {("post", "/transactions/{txn_id}/abort"), ("post", "/batches/{batch_id}/replay")}
-OPEN = {("get", "/livez")}
+OPEN = {("get", "/livez"), ("get", "/readyz")}  # the probes: a kubelet sends no token
 
 
 def seg(value: str) -> str:
@@ -258,7 +258,7 @@ def test_metrics_agree_with_the_ledger(api: Any, data: DataSet) -> None:
     status, text = api.request("GET", "/metrics")
     assert status == 200
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    job = f'job="{data.job}"'
+    job = f'pipeline="{data.job}"'
     # names of their own: nothing in the broker's pulsar_txn_* namespace
     assert not [k for k in lines if k.startswith("pulsar_txn_")]
     from coordinator_api.metrics import METRIC_NAMES
@@ -357,10 +357,11 @@ def test_reads_can_require_the_token(broker: Any, tmp_path: Path) -> None:
         assert server.request("GET", "/jobs")[0] == 401
         assert server.request("GET", "/jobs", token="nope")[0] == 403
         assert server.request("GET", "/jobs", token=TOKEN) == (200, [])  # projection off: nothing projected
-        for path in ("/health", "/readyz", "/quarantine"):  # everything but the bare liveness answer
+        for path in ("/health", "/quarantine"):  # everything but the probes
             assert server.request("GET", path)[0] == 401, path
         assert server.request("GET", "/health", token=TOKEN)[0] == 200
         assert server.request("GET", "/livez") == (200, {"status": "alive"})  # open for probes
+        assert server.request("GET", "/readyz") == (200, {"status": "ready", "database": True})
     finally:
         server.stop()
 

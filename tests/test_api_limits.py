@@ -178,7 +178,7 @@ def test_counts_cannot_overflow_an_aggregate(broker: Any, tmp_path: Path, db_url
         assert (status, one["outputs_committed"]) == (200, 7), one
         status, text = server.request("GET", "/metrics")
         assert status == 200, text
-        assert f'pulsartxn_committed_outputs_total{{job="{job}"}} 7.0' in text.splitlines()
+        assert f'pulsartxn_committed_outputs_total{{pipeline="{job}"}} 7.0' in text.splitlines()
         assert (projected(server, ledger)["records"], projected(server, ledger)["quarantined"]) == (3, 2)  # type: ignore[index]
         q = server.get(f"/quarantine?topic={quote(ledger, safe='')}")
         assert sorted(i["reason"] for i in q["items"]) == \
@@ -436,7 +436,7 @@ def test_records_cannot_make_metrics_slow(broker: Any, tmp_path: Path) -> None:
             t0 = time.monotonic()
             status, text = server.request("GET", "/metrics", timeout=60)
             took.append(round(time.monotonic() - t0, 3))
-            assert status == 200 and f'pulsartxn_batches{{job="wide-{tag}-0",status="STARTED"}} 1.0' in text
+            assert status == 200 and f'pulsartxn_batches{{pipeline="wide-{tag}-0",status="STARTED"}} 1.0' in text
             time.sleep(0.5)
         # Refreshes: one per scrape at most, one at start and one per 15 s (the default interval).
         refreshes = len(took) + 2 + int((time.monotonic() - began) // 15)

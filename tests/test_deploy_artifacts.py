@@ -28,6 +28,7 @@ from coordinator_api.settings import Settings  # noqa: E402
 from spark_jobs.compat import check_pyspark  # noqa: E402
 from txn.delivery.output import load_handler  # noqa: E402
 from txn.delivery.processor import metrics as proc_metrics  # noqa: E402
+from txn.version import __version__  # noqa: E402
 from txn_shell import localbroker  # noqa: E402
 from txn_shell.pulsar_version import PULSAR_VERSION  # noqa: E402
 
@@ -38,7 +39,7 @@ COMPOSE = DEPLOY / "single-machine" / "compose.yaml"
 DOCKERFILES = sorted((DEPLOY / "docker").glob("Dockerfile*"))
 DASHBOARD = DEPLOY / "grafana" / "pulsar-txn-dashboard.json"
 SCRAPE = DEPLOY / "prometheus" / "scrape-config.yaml"
-PACKAGE_IMAGE, SPARK_IMAGE = "pulsar-txn:latest", "pulsar-txn-spark:latest"
+PACKAGE_IMAGE, SPARK_IMAGE = f"pulsar-txn:{__version__}", f"pulsar-txn-spark:{__version__}"
 CONTROL_PLANE_PORT, METRICS_PORT = 8000, 9464
 
 
@@ -103,7 +104,9 @@ def _flag(argv: list[str], flag: str) -> str:
 def test_every_artifact_parses() -> None:
     assert len(K8S) >= 4 and COMPOSE.is_file() and len(DOCKERFILES) == 2
     kinds = {d["kind"] for d in k8s_objects()}
-    assert {"Deployment", "Secret", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job"} <= kinds
+    assert {"Namespace", "Deployment", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job",
+            "PodDisruptionBudget", "PodMonitor"} <= kinds
+    assert "Secret" not in kinds  # referenced by name, created by the command in docs/deploying.md
     for d in k8s_objects():
         assert d["metadata"]["name"] and d["metadata"].get("namespace", "pulsar-txn") == "pulsar-txn", d
     assert json.loads(DASHBOARD.read_text())["panels"]
@@ -152,8 +155,8 @@ def test_the_registry_and_settings_parse_with_the_control_plane_model() -> None:
                  discover_namespaces=api["PULSAR_TXN_DISCOVER_NAMESPACES"])
     assert list(s.job_registry) == ["orders/enrich"]
     assert Settings(jobs=api["PULSAR_TXN_JOBS"]).job_registry["enrich"].handler == "txn_shell.examples.handlers:upper"
-    secret = next(d for d in k8s_objects() if d["kind"] == "Secret")
-    assert secret["stringData"]["database-url"].startswith("postgresql+psycopg://")  # psycopg 3, the api extra
+    # the Secret's database URL, as docs/deploying.md tells to create it: psycopg 3, the api extra
+    assert "`postgresql+psycopg://USER:PASSWORD@HOST:5432/DB`" in (ROOT / "docs" / "deploying.md").read_text()
 
 
 # ---------------------------------------------------------------------------------- environment variables
@@ -210,16 +213,15 @@ def test_control_plane_ports_and_probes() -> None:
     ann = tmpl["metadata"]["annotations"]
     assert int(ann["prometheus.io/port"]) == CONTROL_PLANE_PORT and ann["prometheus.io/path"] in routes
     (svc,) = [d for d in k8s_objects() if d["kind"] == "Service" and d["metadata"]["name"] == "pulsar-txn-api"]
-    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"] == tmpl["metadata"]["labels"]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["selector"].items() <= tmpl["metadata"]["labels"].items()
     assert all(p["targetPort"] in ports for p in svc["spec"]["ports"])
-    # the secret and configmap it reads exist, with those keys; the mounted file is the registry file
-    secret = next(d for d in k8s_objects() if d["kind"] == "Secret")
-    for e in c["env"]:
-        ref = e.get("valueFrom", {}).get("secretKeyRef")
-        if ref:
-            assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"], e
+    # the secrets it reads come from one Secret, by name (test_deploy_manifests checks its keys
+    # against docs/deploying.md); the mounted file is the registry file
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs == {"pulsar-txn-tokens"}
     env = {e["name"]: e.get("value") for e in c["env"]}
-    (mount,) = c["volumeMounts"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "jobs"]
     assert env["PULSAR_TXN_JOBS_FILE"] == f"{mount['mountPath']}/jobs.json"
 
 
@@ -231,8 +233,8 @@ def test_processor_metrics_port_and_token_file() -> None:
     assert int(_flag(c["args"], "--metrics-port")) == METRICS_PORT == c["ports"][0]["containerPort"]
     assert int(tmpl["metadata"]["annotations"]["prometheus.io/port"]) == METRICS_PORT
     env = {e["name"]: e.get("value") for e in c["env"]}
-    (mount,) = c["volumeMounts"]
-    (item,) = tmpl["spec"]["volumes"][0]["secret"]["items"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tokens"]
+    (item,) = next(v for v in tmpl["spec"]["volumes"] if v["name"] == "tokens")["secret"]["items"]
     assert env["PULSAR_TXN_AUTH_TOKEN_FILE"] == f"{mount['mountPath']}/{item['path']}"
     compose = docs(COMPOSE)[0]["services"]["processor"]
     assert int(_flag(compose["command"], "--metrics-port")) == METRICS_PORT
@@ -254,8 +256,9 @@ def test_spark_runtime_on_kubernetes() -> None:
     assert conf["spark.driver.host"] == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
     svc_ports = {p["port"] for p in svc["spec"]["ports"]}
     assert {int(conf["spark.driver.port"]), int(conf["spark.driver.blockManager.port"])} == svc_ports
-    assert svc_ports == {p["containerPort"] for p in c["ports"]}
-    assert svc["spec"]["selector"] == dep["spec"]["template"]["metadata"]["labels"]
+    assert svc_ports <= {p["containerPort"] for p in c["ports"]}
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert int(_flag(c["args"], "--metrics-port")) == METRICS_PORT  # its metrics and /livez probe
     role = next(d for d in k8s_objects() if d["kind"] == "Role")
     assert {"pods", "services", "configmaps"} <= set(role["rules"][0]["resources"])
     assert "create" in role["rules"][0]["verbs"] and "delete" in role["rules"][0]["verbs"]
@@ -380,9 +383,44 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     assert not [n for n in exported if n.startswith("pulsar_txn_")]  # the broker's own namespace
 
 
-def test_scrape_config_keeps_the_job_label() -> None:
+def test_exporters_label_the_job_pipeline(tmp_path: Path) -> None:
+    """Both exporters, rendered without a broker, name the pulsar-txn job ``pipeline``, never ``job``."""
+    prom = pytest.importorskip("prometheus_client")
+    from coordinator_api.engine import make_engine
+    from coordinator_api.projection import Entry, apply_chunk
+    from txn.delivery.ledger import LedgerRecord
+    from txn.message import MessageId
+
+    class Stats:
+        batches = aborts = messages = outputs = parked = duplicates_skipped = 0
+
+    processor = proc_metrics.ProcessorMetrics("orders/enrich", lambda: Stats).render().decode()
+    engine = make_engine(f"sqlite:///{tmp_path}/m.db")
+    try:
+        rec = LedgerRecord(kind="COMMITTED", job="orders/enrich", batch_id="b:1", txn_id="(0,1)", attempt=1,
+                           inputs={}, started_at_ms=1)
+        apply_chunk(engine, "persistent://public/default/ledger", [Entry(MessageId(ledger_id=1, entry_id=0), 5, rec,
+                                                                          rec.to_json())])
+        reg = prom.CollectorRegistry(auto_describe=False)
+        reg.register(cp_metrics.StateCollector(engine))
+        control_plane = prom.generate_latest(reg).decode()
+    finally:
+        engine.dispose()
+    assert 'pulsartxn_processor_batches_committed_total{pipeline="orders/enrich",runtime="processor"} 0.0' in processor
+    assert 'pulsartxn_transactions_total{pipeline="orders/enrich",state="COMMITTED"} 1.0' in control_plane
+    for text in (processor, control_plane):
+        assert not re.search(r"[{,]job=", text)
+
+
+def test_series_need_no_honor_labels() -> None:
+    """The exporters label the pulsar-txn job ``pipeline`` (formerly ``job``, which Prometheus
+    reserves for the scrape job): no scrape config keeps exported labels, and the dashboard
+    filters and groups by ``pipeline``."""
     (cfg,) = docs(SCRAPE)
     for job in cfg["scrape_configs"]:
-        assert job["honor_labels"] is True, job["job_name"]
+        assert not job.get("honor_labels"), job["job_name"]
     d = json.loads(DASHBOARD.read_text())
-    assert any('job=~"$job"' in t["expr"] for p in d["panels"] for t in p.get("targets", []))
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    assert any('pipeline=~"$pipeline"' in e for e in exprs)
+    assert not [e for e in exprs if re.search(r"\bjob\b", e)]
+    assert [v["name"] for v in d["templating"]["list"]] == ["datasource", "pipeline"]

@@ -75,7 +75,7 @@ def _wait_for(probe, what: str, timeout_s: float = 60.0):
 
 def scrape_when(url: str, **want: float):
     """A probe for :func:`_wait_for`: the scrape once every ``series=value`` of ``want`` holds (the
-    series are given without the ``pulsartxn_processor_`` prefix, labelled ``job``/``runtime``)."""
+    series are given without the ``pulsartxn_processor_`` prefix, labelled ``pipeline``/``runtime``)."""
 
     def probe():
         try:
@@ -121,7 +121,7 @@ def test_exporter_counts_exactly_during_a_run(broker, official, unique_name):
     t.start()
     proc = _wait_for(lambda: holder.get("proc") if getattr(holder.get("proc"), "metrics", None) else None, "start")
     url = _wait_for(lambda: proc.metrics.url, "the exporter")
-    key = '{job="metrics-job",runtime="processor"}'
+    key = '{pipeline="metrics-job",runtime="processor"}'
     try:
         # phase 1: 30 clean inputs, batches close at 10 -> 3 batches, 60 outputs
         m = _wait_for(scrape_when(url, messages_committed_total=30), "30 inputs committed")
@@ -132,11 +132,11 @@ def test_exporter_counts_exactly_during_a_run(broker, official, unique_name):
         assert m[f"pulsartxn_processor_duplicates_skipped_total{key}"] == 0
         assert m[f"pulsartxn_processor_inflight_commits{key}"] == 0
         assert m[f"pulsartxn_processor_commit_latency_seconds_count{key}"] == 3
-        assert m['pulsartxn_processor_commit_latency_seconds_bucket{job="metrics-job",le="+Inf",'
+        assert m['pulsartxn_processor_commit_latency_seconds_bucket{pipeline="metrics-job",le="+Inf",'
                  'runtime="processor"}'] == 3
         assert m[f"pulsartxn_processor_commit_latency_seconds_sum{key}"] > 0
         assert m[f"pulsartxn_processor_last_commit_timestamp_seconds{key}"] <= time.time()
-        assert m[f"pulsartxn_processor_backlog_messages{{job=\"metrics-job\",runtime=\"processor\","
+        assert m[f"pulsartxn_processor_backlog_messages{{pipeline=\"metrics-job\",runtime=\"processor\","
                  f"subscription=\"mx\",topic=\"{inp}\"}}"] == 0
         assert m[f"pulsartxn_processor_backlog_errors_total{key}"] == 0
         # phase 2: 10 more, one poison -> parked alone; the rest commit
@@ -197,7 +197,7 @@ def test_cli_metrics_port(broker, official, unique_name):
            "--batch-max-delay-ms", "5000", "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
            "--metrics-admin-url", broker.admin_url]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    key = '{job="cli-metrics",runtime="processor"}'
+    key = '{pipeline="cli-metrics",runtime="processor"}'
     url = f"http://127.0.0.1:{port}/metrics"
 
     try:
@@ -221,3 +221,37 @@ def test_without_prometheus_client_the_extra_is_named(monkeypatch):
     with pytest.raises(SystemExit, match=r"pulsar-txn\[metrics\]"):
         cli.main(["process", "--service-url", "pulsar://127.0.0.1:1", "--input", "a", "--output", "b",
                   "--subscription", "s", "--handler", "txn_shell.examples.handlers:upper", "--metrics-port", "0"])
+
+
+def test_livez_answers_while_a_scrape_waits_for_the_broker():
+    """No broker: ``GET /livez`` on the metrics port (the pod probe) answers at once while a scrape
+    is stuck on an admin API that accepts connections and never answers; the scrape then reports
+    the failed backlog read, with the ``pipeline`` label (formerly ``job``)."""
+
+    class Stats:
+        batches = aborts = messages = outputs = parked = duplicates_skipped = 0
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        probe = BacklogProbe(f"http://127.0.0.1:{silent.getsockname()[1]}", "s", ["persistent://public/default/t"],
+                             ttl_s=0, timeout_s=8)
+        m = ProcessorMetrics("orders/enrich", lambda: Stats, backlog=probe)
+        port = m.serve(0, "127.0.0.1")
+        try:
+            scraped: dict = {}
+            scraper = threading.Thread(target=lambda: scraped.update(scrape(m.url)), daemon=True)
+            scraper.start()
+            time.sleep(0.5)  # the scrape now waits on the silent admin port
+            assert scraper.is_alive()
+            t0 = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=10) as resp:
+                assert (resp.status, resp.read()) == (200, b'{"status": "alive"}')
+            assert time.monotonic() - t0 < 4
+            scraper.join(30)
+            key = '{pipeline="orders/enrich",runtime="processor"}'
+            assert scraped[f"pulsartxn_processor_backlog_errors_total{key}"] == 1
+            assert scraped[f"pulsartxn_processor_batches_committed_total{key}"] == 0
+            assert not [k for k in scraped if "job=" in k]
+        finally:
+            m.close()

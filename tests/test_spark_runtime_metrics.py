@@ -63,7 +63,7 @@ def test_runtime_metrics_count_exactly_during_a_run(broker, spark, unique_name) 
         th = threading.Thread(target=run, daemon=True)
         th.start()
         url = f"http://127.0.0.1:{port}/metrics"
-        key = '{job="rt-metrics",runtime="spark"}'
+        key = '{pipeline="rt-metrics",runtime="spark"}'
         deadline = time.monotonic() + 300
         m = None
         while m is None and th.is_alive() and time.monotonic() < deadline:
@@ -79,8 +79,8 @@ def test_runtime_metrics_count_exactly_during_a_run(broker, spark, unique_name) 
         assert m[f"pulsartxn_processor_commit_latency_seconds_count{key}"] == 3
         assert m[f"pulsartxn_processor_inflight_commits{key}"] == 0
         backlog = {k: v for k, v in m.items() if k.startswith("pulsartxn_processor_backlog_messages{")}
-        assert backlog == {'pulsartxn_processor_backlog_messages{job="rt-metrics",runtime="spark",subscription="rt-mx",'
-                           f'topic="{inp}"}}': 0}
+        assert backlog == {'pulsartxn_processor_backlog_messages{pipeline="rt-metrics",runtime="spark",'
+                           f'subscription="rt-mx",topic="{inp}"}}': 0}
         th.join(120)
         assert not th.is_alive() and "error" not in result, result
         st = result["stats"]

@@ -1,8 +1,9 @@
 """Prometheus metrics of a running processor (``pulsar-txn process``) or Spark runtime driver.
 
 Every series is named ``pulsartxn_processor_*`` (never ``pulsar_txn_*``, the broker's own
-transaction series) and labelled with the ``job`` and the ``runtime`` (``processor`` or
-``spark``). Running totals are counters ending ``_total``:
+transaction series) and labelled with the ``pipeline`` (the job's name; the label was called
+``job`` before, a name Prometheus reserves for its scrape job) and the ``runtime`` (``processor``
+or ``spark``). Running totals are counters ending ``_total``:
 
 ==========================================================  =========  ==========================================
 series                                                      type       what
@@ -29,6 +30,11 @@ round of admin calls per TTL.
 
 ``prometheus_client`` is needed only when metrics are served (the ``metrics`` extra); without
 it :meth:`ProcessorMetrics.serve` raises :class:`MetricsUnavailable` naming the extra.
+
+The metrics port also answers ``GET /livez`` (``{"status": "alive"}``, nothing collected, no
+broker call): the pod probe of a processor and of a Spark runtime driver (``deploy/k8s``). It says
+the process runs and serves the port; a stalled batch loop shows in
+``pulsartxn_processor_seconds_since_last_commit`` and the backlog instead.
 
 ``AsyncProcessor.start`` serves them when ``ProcessorConfig.metrics`` holds a
 :class:`MetricsOptions` (``pulsar-txn process --metrics-port``), and ``close`` stops serving. A
@@ -191,7 +197,7 @@ class ProcessorMetrics:
         """Yield the metric families (prometheus_client's collector protocol)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        labels = ["job", "runtime"]
+        labels = ["pipeline", "runtime"]
         key = [self.job, self.runtime]
         st = self._stats()
         for name, doc, value in (
@@ -248,11 +254,16 @@ class ProcessorMetrics:
         return prom.generate_latest(reg)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` over HTTP on ``host:port`` (0: a free port) in a daemon thread; the port."""
+        """Serve ``/metrics`` over HTTP on ``host:port`` (0: a free port) in a daemon thread; the port.
+
+        The same server answers ``GET /livez`` with ``{"status": "alive"}`` without collecting
+        anything (no admin call, however slow the broker): the probe of a processor's or a Spark
+        driver's pod. It means the process runs and serves this port, nothing more."""
         prom = require_prometheus()
         reg = prom.CollectorRegistry(auto_describe=False)
         reg.register(self)
         self._server, self._thread = prom.start_http_server(port, addr=host, registry=reg)
+        self._server.set_app(_with_livez(self._server.get_app()))
         return int(self._server.server_port)
 
     @property
@@ -270,3 +281,18 @@ class ProcessorMetrics:
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+LIVEZ_BODY = b'{"status": "alive"}'
+
+
+def _with_livez(metrics_app: Callable[..., Any]) -> Callable[..., Any]:
+    """A WSGI app: ``GET /livez`` answers :data:`LIVEZ_BODY`, every other request goes to ``metrics_app``."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") == "/livez" and environ.get("REQUEST_METHOD") == "GET":
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(LIVEZ_BODY)))])
+            return [LIVEZ_BODY]
+        return metrics_app(environ, start_response)
+
+    return app
