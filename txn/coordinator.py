@@ -35,6 +35,9 @@ class CoordinatorClient:
         self._conns: dict[int, asyncio.Task[Connection]] = {}
         self._rr = itertools.count()
         self._start_lock = asyncio.Lock()
+        self._connected: set[int] = set()
+        #: Connections to a coordinator made again after its first (a broker restart or a move).
+        self.reconnects = 0
 
     async def _ensure_started(self) -> int:
         if self._count is not None:
@@ -62,6 +65,9 @@ class CoordinatorClient:
             raise from_server_error(
                 pb.ServerError.Name(r.error), f"transaction coordinator {tc_id} unavailable: {r.message}"
             )
+        if tc_id in self._connected:
+            self.reconnects += 1
+        self._connected.add(tc_id)
         return conn
 
     async def _conn(self, tc_id: int) -> Connection:

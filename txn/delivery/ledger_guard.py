@@ -46,6 +46,7 @@ from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
 from ..message import EARLIEST, Message, MessageId, TxnID
+from .commit_audit import CommitAudit
 from .guard_checkpoint import Entry, Rung, choose, load_ladder, thin
 from .ledger import COMMITTING_KINDS as _COMMITTING
 from .ledger import SCHEMA
@@ -129,7 +130,7 @@ class CommittedInputs:
     def add_message(self, m: Message) -> None:
         """Remember a message this process committed."""
         mid = m.message_id()
-        self.add(m.topic_name(), mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size)
+        self.add(m.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index(), mid.batch_size)
 
     def is_whole_entry(self, topic: str, ledger: int, entry: int) -> bool:
         """True when the entry is held whole (one marker), not as a set of batch indexes."""
@@ -138,12 +139,12 @@ class CommittedInputs:
     def contains(self, m: Message) -> bool:
         """True if ``m``'s id is known to be committed."""
         mid = m.message_id()
-        got = self._entries.get((m.topic_name(), mid.ledger_id, mid.entry_id), False)
+        got = self._entries.get((m.topic_name(), mid.ledger_id(), mid.entry_id()), False)
         if got is False:
             return False
         if got is _ALL:
             return True
-        return mid.batch_index in got
+        return mid.batch_index() in got
 
 
 class LedgerGuard:
@@ -177,6 +178,8 @@ class LedgerGuard:
         #: Messages of the checkpoint topic read at the last start.
         self.checkpoint_messages_read = 0
         self._last_rung_position: tuple[int, int, int] | None = None
+        #: Re-checks recent COMMITTED records after a reconnect (set by the processor).
+        self.audit: CommitAudit | None = None
 
     async def start(self, marks: dict[str, Entry | None] | None = None, *, checkpoints: bool = True) -> None:
         """Begin tailing the ledger: after the newest checkpoint rung that ``marks`` (the
@@ -263,9 +266,10 @@ class LedgerGuard:
                     log.error("ledger guard on %s: unreadable ledger message %s skipped (%s)", self.ledger_topic,
                               exc.message_id, exc)
                     continue
-                self.apply(m.data(), m.txn_id())
                 mid = m.message_id()
-                self._position = (mid.ledger_id, mid.entry_id, mid.batch_index)
+                pos = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                self.apply(m.data(), m.txn_id(), pos)
+                self._position = pos
                 self._moved.set()
         except asyncio.CancelledError:
             raise
@@ -274,10 +278,11 @@ class LedgerGuard:
             self._moved.set()
             log.error("ledger guard on %s stopped: %s", self.ledger_topic, exc)
 
-    def apply(self, data: bytes, txn: TxnID | None) -> None:
+    def apply(self, data: bytes, txn: TxnID | None, pos: tuple[int, int, int] | None = None) -> None:
         """Apply one ledger message: committing records of our job add their inputs, if the
         message was produced inside the transaction the record names (``txn``, from the broker's
-        metadata; a read-committed reader only sees it once that transaction committed)."""
+        metadata; a read-committed reader only sees it once that transaction committed). A
+        COMMITTED record at ``pos`` is also handed to :attr:`audit`, if there is one."""
         self.records_read += 1
         if self._needle not in data:
             return  # another job's record (or not a record): skip it without parsing
@@ -315,11 +320,13 @@ class LedgerGuard:
                 if old is None or hi > old:
                     his[topic] = hi
         self.records_applied += 1
+        if self.audit is not None and pos is not None and d.get("kind") == "COMMITTED":
+            self.audit.seen(pos, str(d.get("batch_id")), str(d.get("txn_id")), inputs)
 
     def passed(self, mid: MessageId) -> bool:
         """True once the reader has read the message ``mid`` of the ledger topic."""
         pos = self._position
-        return pos is not None and pos >= (mid.ledger_id, mid.entry_id, mid.batch_index)
+        return pos is not None and pos >= (mid.ledger_id(), mid.entry_id(), mid.batch_index())
 
     async def wait_past(self, mid: MessageId, timeout_s: float, on_wait: object = None) -> None:
         """Wait until the guard has read the ledger message ``mid``.

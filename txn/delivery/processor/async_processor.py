@@ -30,21 +30,23 @@ from ...topic import parse_topic
 from ...transaction import AsyncTransaction
 from ..batch_txn import BatchScope
 from ..batching import EntryBoundaries
+from ..commit_audit import CommitAudit
 from ..fencing import PartitionFences
 from ..guard_checkpoint import checkpoint_topic, mark_deletes
 from ..ledger import default_ledger_topic, ensure_ledger_retained
 from ..ledger_guard import LedgerGuard
 from ..output import handler_spec, is_async
 from .batch_loop import BatchLoop
-from .commit import CommitPipeline
+from .commit import COMMIT_GRACE_S, CommitPipeline
 from .config import ProcessorConfig, ProcessorStats
 from .failures import _discard
 from .metrics import ProcessorMetrics
 from .parking import Parking
 from .records import LedgerRecords
+from .redo import Redo
 
 
-class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
+class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords, Redo):
     """The asyncio processor. Build it with :func:`create_processor` or construct and ``await start()``."""
 
     def __init__(
@@ -94,6 +96,9 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
         self._entries = EntryBoundaries() if config.batch_entry_boundaries else None
         self._held_over: tuple[Message, int] | None = None
         self.guard: LedgerGuard | None = None
+        #: Checks recent commits again after a broker restart (``config.commit_audit``), with the guard.
+        self.audit: CommitAudit | None = None
+        self._links_seen: int | None = None
         #: Opens the batches' transactions and writes their records (set up in :meth:`start`).
         self.batches: BatchScope = None  # type: ignore[assignment]
         #: The input partitions this instance owns (``config.fencing``), set up in :meth:`start`.
@@ -191,6 +196,10 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords):
                 claim_timeout_s=c.claim_timeout_ms / 1000 if c.claim_timeout_ms else None)
         if c.ledger_guard:
             self.guard = LedgerGuard(self.client, self.ledger_topic, c.job, self.inputs, c.guard_max_ids)
+            if c.commit_audit:
+                self.audit = CommitAudit(self.client, self.ledger_topic, keep_s=c.commit_audit_keep_s,
+                                         settle_s=c.txn_timeout_ms / 1000 + COMMIT_GRACE_S + 5)
+                self.guard.audit = self.audit
             checkpoints = c.guard_checkpoint_s > 0
             if checkpoints:
                 ckpt = checkpoint_topic(self.ledger_topic, c.job)

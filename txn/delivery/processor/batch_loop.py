@@ -48,6 +48,7 @@ class BatchLoop:
     _held_over: tuple[Message, int] | None
     batches: BatchScope
     _redeliver_handed_back: Callable[[], Awaitable[None]]  # CommitPipeline's
+    _audit_tick: Callable[[], Awaitable[None]]  # Redo's
 
     def stop(self) -> None:
         """Ask the run loop to finish the batch in flight and return."""
@@ -74,6 +75,7 @@ class BatchLoop:
                     await self._redeliver_handed_back()
                     if not woken:  # a failed batch's inputs are on their way: not idle yet
                         idle_since = time.monotonic()
+                await self._audit_tick()
                 batch = await self._collect()
                 while self._corrupt:
                     await self._park_corrupt(self._corrupt.pop(0))

@@ -48,6 +48,12 @@ class ProcessorConfig:
     #: of from its beginning (``txn.delivery.guard_checkpoint``). 0: no checkpoints, and the guard
     #: reads the whole ledger at every start.
     guard_checkpoint_s: float = 30.0
+    #: After a broker restart, check that the batches committed in the last ``commit_audit_keep_s``
+    #: seconds before it are still readable once the transaction timeout has passed, and commit
+    #: again those the broker rolled back after their commit (``txn.delivery.commit_audit``;
+    #: apache/pulsar#20150). Needs the ledger guard.
+    commit_audit: bool = True
+    commit_audit_keep_s: float = 60.0
     #: How long a batch waits for the ledger to become readable up to its STARTED record after a
     #: re-subscription; default 3 x the transaction timeout, at least 2 minutes.
     guard_sync_timeout_ms: int | None = None
@@ -103,6 +109,9 @@ class ProcessorStats:
     partitions_lost: int = 0
     #: Times the inputs of failed batches were handed back for redelivery.
     redeliveries: int = 0
+    #: Committed batches found rolled back by the broker after a restart, and those committed again.
+    vanished: int = 0
+    redone: int = 0
     commit_ms_total: float = 0.0
     #: Batches collected, and the time their first input waited for the batch to close (the
     #: batching delay an input sees, before its handler runs).
@@ -120,4 +129,5 @@ class ProcessorStats:
             f"parked={self.parked} duplicates_skipped={self.duplicates_skipped} takeovers={self.takeovers} "
             f"partitions_lost={self.partitions_lost} redeliveries={self.redeliveries} inflight={inflight} "
             f"avg_commit_ms={avg:.1f} avg_batch_wait_ms={wait:.1f}"
+            + (f" vanished={self.vanished} redone={self.redone}" if self.vanished else "")
         )

@@ -1,0 +1,131 @@
+"""The commit audit on a real broker: a committed batch the broker rolled back is committed again, once.
+
+The broker's rollback of a committed transaction (apache/pulsar#20150) cannot be caused on
+demand, so these tests build the state it leaves: inputs acknowledged in a committed transaction
+while the batch's outputs and its COMMITTED record are invisible (here: written in a transaction
+that was aborted). The audit is then told it had read that record before a reconnect, as the
+guard would have; everything after that (the check of the ledger, the mark-delete positions,
+reading the inputs by id, the handler, the new transaction with its fence marker) is the real
+path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pulsar
+import pytest
+
+import txn
+from txn.delivery.commit_audit import REDO_SUFFIX, position
+from txn.delivery.ledger import Kind, LedgerRecord
+from txn.delivery.processor import AsyncProcessor, ProcessorConfig
+from txn.delivery.replay import read_ledger
+
+from peer import read_until_sentinel
+
+LOST, LATER = 5, 25
+
+
+def _handler(m: txn.Message) -> list[bytes]:
+    return [m.data() + b".a", m.data() + b".b"]
+
+
+def _names(unique_name):
+    return tuple(f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
+
+
+async def _vanished_state(client: txn.AsyncClient, inp: str, ledger: str) -> tuple[tuple[int, int, int], dict]:
+    """LOST inputs acknowledged in a committed transaction, and an aborted COMMITTED record naming
+    them (where the broker's rollback leaves a batch). Returns the record's position and inputs."""
+    p = await client.create_producer(inp, batching_enabled=False)
+    for i in range(LOST):
+        await p.send(f"lost-{i}".encode())
+    consumer = await client.subscribe(inp, "proc", consumer_type=txn.ConsumerType.Failover,
+                                      initial_position=txn.InitialPosition.Earliest)
+    msgs = [await consumer.receive() for _ in range(LOST)]
+    t = await client.new_transaction()
+    await consumer.acknowledge_many(msgs, t)
+    await t.commit()
+    await consumer.close()
+    inputs = {inp: [str(m.message_id()) for m in msgs]}
+    ledger_p = await client.create_producer(ledger, batching_enabled=False)
+    rolled_back = await client.new_transaction()
+    rec = LedgerRecord(kind=Kind.COMMITTED, job="audit", batch_id="audit:gone:1", txn_id=str(rolled_back.id),
+                       attempt=1, inputs=inputs, outputs={}, started_at_ms=0)
+    mid = await ledger_p.send(rec.to_json(), txn=rolled_back)
+    await rolled_back.abort()
+    for i in range(LATER):
+        await p.send(f"later-{i}".encode())
+    await p.close()
+    await ledger_p.close()
+    return position(mid), inputs
+
+
+async def _until(cond, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+def _config(inp, out, ledger):
+    return ProcessorConfig(inputs=[inp], output=out, subscription="proc", job="audit", ledger_topic=ledger,
+                           batch_max_messages=10, txn_timeout_ms=15000)
+
+
+@pytest.mark.timeout(300)
+def test_a_batch_rolled_back_after_its_commit_is_committed_again_once(broker, unique_name):
+    inp, out, ledger = _names(unique_name)
+    official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+
+    async def instance(gone: tuple[int, int, int], inputs: dict, *, first: bool) -> AsyncProcessor:
+        async with txn.AsyncClient(broker.service_url) as client:
+            proc = AsyncProcessor(client, _handler, _config(inp, out, ledger))
+            await proc.start()
+            runner = asyncio.ensure_future(proc.run())
+            try:
+                if first:
+                    await _until(lambda: proc.stats.messages == LATER)
+                assert proc.audit is not None and proc.guard is not None
+                proc.audit.settle_s = 0.0
+                # What the guard would have read before the broker rolled the batch back:
+                proc.audit.seen(gone, "audit:gone:1", "(9,9)", inputs)
+                # ... and a visible COMMITTED record of the same job, which must stay as it is.
+                recs = [r for r in await read_ledger(client, ledger) if r.kind == Kind.COMMITTED
+                        and not r.batch_id.endswith(REDO_SUFFIX)]
+                proc.audit.expose()
+                await _until(lambda: proc.audit.checks >= 1 and not proc.audit.pending)
+                await asyncio.sleep(1.0)  # a redo, if any, has committed
+            finally:
+                proc.stop()
+                await runner
+                await proc.close()
+            assert recs  # the visible records were exposed too (all kept within keep_s)
+            return proc
+
+    async def main() -> tuple[AsyncProcessor, AsyncProcessor, list[LedgerRecord]]:
+        async with txn.AsyncClient(broker.service_url) as client:
+            gone, inputs = await _vanished_state(client, inp, ledger)
+        first = await instance(gone, inputs, first=True)
+        second = await instance(gone, inputs, first=False)  # another instance finds the same record gone
+        async with txn.AsyncClient(broker.service_url) as client:
+            records = await read_ledger(client, ledger)
+        return first, second, records
+
+    try:
+        first, second, records = asyncio.run(main())
+        assert (first.stats.vanished, first.stats.redone) == (1, 1)
+        assert (second.stats.vanished, second.stats.redone) == (0, 0)  # it sees the redo on the ledger
+        redone = [r for r in records if r.kind == Kind.COMMITTED and r.batch_id == "audit:gone:1" + REDO_SUFFIX]
+        assert len(redone) == 1 and sum(len(v) for v in redone[0].inputs.values()) == LOST
+        assert redone[0].outputs == {out: 2 * LOST}
+        got = Counter(m.data() for m in read_until_sentinel(official, verifier, out))
+        want = Counter(f"{k}-{i}.{s}".encode() for k, n in (("lost", LOST), ("later", LATER)) for i in range(n)
+                       for s in "ab")
+        assert got == want  # every input's outputs exactly once: the lost ones by the redo
+    finally:
+        official.close()

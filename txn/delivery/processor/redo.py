@@ -1,0 +1,204 @@
+"""Committing again the batches the broker rolled back after their commit (see ``commit_audit``).
+
+Between batches, the loop calls :meth:`Redo._audit_tick`. It notices reconnects of the
+coordinator and of the producers (a broker restart or a topic move) and tells the audit, which
+keeps the COMMITTED records the guard read just before. Once their check is due, a record no
+longer readable is a batch the broker rolled back after its commit: its inputs stay acknowledged,
+so they would never come again. For the input partitions this instance owns, :meth:`Redo._redo`
+reads those inputs again by message id, runs the handler, and commits the outputs with a
+``COMMITTED`` record of batch ``<batch>+redo``, in a new transaction that carries the partitions'
+fence markers and no acknowledgement. Inputs not yet below the subscription's mark-delete
+position are left alone (they may still come again), and a batch another instance already redid
+(its ``+redo`` record is on the ledger) is not redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any
+
+from ...errors import CorruptMessage, OwnershipLost, PulsarError, Timeout
+from ...message import Message, MessageId
+from ..batch_txn import BatchScope
+from ..commit_audit import REDO_SUFFIX, CommitAudit, SeenCommit
+from ..fencing import PartitionFences
+from ..guard_checkpoint import mark_deletes
+from ..ledger import Kind
+from .config import ProcessorConfig, ProcessorStats
+from .failures import BatchFailed
+
+log = logging.getLogger("txn.processor")
+
+_ID = re.compile(r"\((\d{1,20}),(\d{1,20}),-?\d{1,10},(-?\d{1,10})\)")
+#: Records a check handles at the start of an instance (it cannot know whether a restart came just before).
+START_CHECK_LIMIT = 10_000
+
+
+class Redo:
+    """Part of :class:`~txn.delivery.processor.AsyncProcessor`: the commit audit's ticks and redos."""
+
+    client: Any
+    config: ProcessorConfig
+    stats: ProcessorStats
+    audit: CommitAudit | None
+    fences: PartitionFences | None
+    batches: BatchScope
+    _consumer: Any
+    _ledger: Any
+    _producers: dict[str, Any]
+    _links_seen: int | None
+
+    def _links(self) -> int:
+        """Reconnects seen so far: the coordinator's and every producer's."""
+        ps = list(self._producers.values()) + ([self._ledger] if self._ledger is not None else [])
+        return self.client.transaction_coordinator.reconnects + sum(p.reconnect_count() for p in ps)
+
+    async def _audit_tick(self) -> None:
+        """Tell the audit of reconnects; check and redo what is due."""
+        audit = self.audit
+        if audit is None:
+            return
+        links = self._links()
+        if self._links_seen is None:
+            # A start may follow a broker restart this instance did not see: check what the guard read.
+            n = audit.expose(limit=START_CHECK_LIMIT)
+            if n:
+                log.info("commit audit: %d recent COMMITTED record(s) to check in %.0fs", n, audit.settle_s)
+        elif links != self._links_seen:
+            n = audit.expose()
+            if n:
+                log.info("commit audit: a broker connection came back; %d COMMITTED record(s) from the %.0fs before "
+                         "are checked again in %.0fs", n, audit.keep_s, audit.settle_s)
+        self._links_seen = links
+        due = audit.due()
+        if not due:
+            return
+        try:
+            result = await audit.check(due)
+        except PulsarError as exc:
+            log.warning("commit audit: ledger not readable (%s); checking again in 10s", exc)
+            audit.retry_later(due, 10.0)
+            return
+        if result.unreached:
+            audit.retry_later(result.unreached, 10.0)
+        for rec in result.vanished:
+            audit.handled.add(rec.pos)
+            if rec.batch_id in result.redone:
+                log.info("commit audit: batch %s was rolled back by the broker and already committed again",
+                         rec.batch_id)
+                continue
+            self.stats.vanished += 1
+            log.error("commit audit: batch %s (txn %s) committed, but the broker rolled it back since (its COMMITTED "
+                      "record is gone; apache/pulsar#20150); committing its outputs again", rec.batch_id, rec.txn_id)
+            if not await self._redo(rec):
+                audit.handled.discard(rec.pos)
+                audit.retry_later([rec], 10.0)
+
+    async def _redo(self, rec: SeenCommit) -> bool:
+        """Commit again the outputs of a rolled-back batch's owned inputs; False to try later."""
+        parts = sorted(rec.inputs)
+        if self.fences is not None:
+            missing = self.fences.missing(set(parts))
+            for p in missing:
+                log.warning("commit audit: inputs of %s in batch %s are left to that partition's owner", p,
+                            rec.batch_id)
+            parts = [p for p in parts if p not in missing]
+        if not parts:
+            return True
+        try:
+            marks = await mark_deletes(self._consumer)
+        except (PulsarError, TimeoutError) as exc:
+            log.warning("commit audit: mark-delete positions not read (%s)", exc)
+            return False
+        wanted: dict[str, set[tuple[int, int, int]]] = {}
+        for p in parts:
+            mark = marks.get(p)
+            ids = {(int(a), int(b), int(c)) for a, b, c in _ID.findall("\n".join(rec.inputs[p]))}
+            if mark is None or any((i[0], i[1]) > mark for i in ids):
+                log.info("commit audit: inputs of batch %s on %s are not all acknowledged yet; checking again later",
+                         rec.batch_id, p)
+                return False
+            wanted[p] = ids
+        msgs: list[Message] = []
+        for p, ids in wanted.items():
+            got = await self._read_by_id(p, ids)
+            gone = ids - {_pos(m.message_id()) for m in got}
+            if gone:
+                log.error("commit audit: %d input(s) of batch %s on %s are no longer stored (retention); their outputs "
+                          "are lost: %s", len(gone), rec.batch_id, p, sorted(gone)[:10])
+            msgs += got
+        if not msgs:
+            return True
+        return await self._commit_again(rec, sorted(parts), msgs)
+
+    async def _read_by_id(self, topic: str, ids: set[tuple[int, int, int]]) -> list[Message]:
+        """The messages of ``topic`` with these (ledger, entry, batch index) positions, while stored."""
+        first, last = min(ids), max(ids)
+        start = MessageId(ledger_id=first[0], entry_id=first[1])
+        reader = await self.client.create_reader(topic, start, start_message_id_inclusive=True)
+        found: list[Message] = []
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline and len(found) < len(ids):
+                try:
+                    m = await reader.read_next(timeout_millis=1000)
+                except CorruptMessage:
+                    continue
+                except Timeout:
+                    if not await reader.has_message_available():
+                        break
+                    continue
+                pos = _pos(m.message_id())
+                if pos in ids:
+                    found.append(m)
+                if (pos[0], pos[1]) > (last[0], last[1]):
+                    break
+        finally:
+            try:
+                await asyncio.wait_for(reader.close(), 10)
+            except (PulsarError, TimeoutError):
+                pass
+        return found
+
+    async def _commit_again(self, rec: SeenCommit, parts: list[str], msgs: list[Message]) -> bool:
+        from .records import _ids
+
+        inputs = _ids(msgs)
+        try:
+            outputs = await self._transform(msgs)  # type: ignore[attr-defined]
+        except BatchFailed as failure:
+            log.error("commit audit: the handler fails on the inputs of batch %s (%s); not committed again",
+                      rec.batch_id, failure)
+            return True
+        bt = await self.batches.open(rec.batch_id + REDO_SUFFIX)
+        bt.started_later(inputs=inputs)
+        generation = self._generation()  # type: ignore[attr-defined]
+        try:
+            await bt.mark(parts)
+            counts = await self._produce(outputs, bt.t)  # type: ignore[attr-defined]
+            receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates={})
+            self._ledger.flush_now()
+            await receipt
+            if self._generation() != generation:  # type: ignore[attr-defined]
+                raise PulsarError("a producer reconnected during the transaction")
+            await bt.commit()
+        except OwnershipLost as lost:
+            await bt.abort(lost, inputs=inputs)
+            log.warning("commit audit: batch %s not committed again: %s (its new owner checks it)", rec.batch_id, lost)
+            return True
+        except (PulsarError, BatchFailed) as exc:
+            await bt.abort(exc, inputs=inputs)
+            log.warning("commit audit: committing batch %s again failed (%s); trying later", rec.batch_id, exc)
+            return False
+        self.stats.redone += 1
+        self.stats.outputs += sum(counts.values())
+        log.warning("commit audit: batch %s committed again as %s%s (%d inputs, %d outputs)", rec.batch_id,
+                    rec.batch_id, REDO_SUFFIX, len(msgs), sum(counts.values()))
+        return True
+
+
+def _pos(mid: MessageId) -> tuple[int, int, int]:
+    return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
