@@ -57,7 +57,7 @@ def entry_sizes(url: str, topic: str, n: int) -> tuple[int, int, float]:
             sizes: dict[tuple[int, int], int] = {}
             for _ in range(n):
                 mid = (await r.read_next(timeout_millis=30000)).message_id()
-                sizes[(mid.ledger_id, mid.entry_id)] = max(mid.batch_size, 1)
+                sizes[(mid.ledger_id(), mid.entry_id())] = max(mid.batch_size, 1)
             await r.close()
             return list(sizes.values())
 

@@ -63,8 +63,8 @@ class TopicStatus:
 
 
 def _pos(mid: MessageId) -> dict[str, int]:
-    return {"msg_ledger": mid.ledger_id, "msg_entry": mid.entry_id, "msg_partition": mid.partition,
-            "msg_batch": mid.batch_index}
+    return {"msg_ledger": mid.ledger_id(), "msg_entry": mid.entry_id(), "msg_partition": mid.partition(),
+            "msg_batch": mid.batch_index()}
 
 
 def load_position(engine: Engine, topic: str) -> MessageId | None:
@@ -73,7 +73,7 @@ def load_position(engine: Engine, topic: str) -> MessageId | None:
         row = conn.execute(select(db.projection_positions).where(db.projection_positions.c.topic == topic)).first()
     if row is None:
         return None
-    return MessageId(row.msg_ledger, row.msg_entry, row.msg_partition, row.msg_batch)
+    return MessageId(row.msg_partition, row.msg_ledger, row.msg_entry, row.msg_batch)
 
 
 def _record_row(topic: str, e: Entry) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def _apply(engine: Engine, topic: str, entries: list[Entry], refused: dict[int, 
         quarantined = db.insert_ignore(conn, db.quarantine, bad)
         recompute(conn, topic, {r["batch_id"] for r in rows}, {r["txn_id"] for r in rows if r["txn_id"]})
         cur = conn.execute(select(db.projection_positions).where(db.projection_positions.c.topic == topic)).first()
-        cur_id = None if cur is None else MessageId(cur.msg_ledger, cur.msg_entry, cur.msg_partition, cur.msg_batch)
+        cur_id = None if cur is None else MessageId(cur.msg_partition, cur.msg_ledger, cur.msg_entry, cur.msg_batch)
         if cur_id is None or cur_id < last:
             db.upsert(conn, db.projection_positions, [{
                 "topic": topic, **_pos(last), "records": (cur.records if cur else 0) + new,
@@ -492,5 +492,5 @@ def positions(engine: Engine) -> list[dict[str, Any]]:
     """Stored projection positions."""
     with engine.connect() as conn:
         rows = conn.execute(select(db.projection_positions)).all()
-    return [{"topic": r.topic, "position": str(MessageId(r.msg_ledger, r.msg_entry, r.msg_partition, r.msg_batch)),
+    return [{"topic": r.topic, "position": str(MessageId(r.msg_partition, r.msg_ledger, r.msg_entry, r.msg_batch)),
              "records": r.records, "updated_at_ms": r.updated_at_ms} for r in rows]

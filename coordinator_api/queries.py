@@ -211,8 +211,8 @@ def list_quarantine(engine: Engine, topic: str | None, limit: int, offset: int) 
         raw = r.pop("raw")
         r["raw"] = bytes(raw).decode("utf-8", "backslashreplace")
         r["raw_truncated"] = len(raw) < r["size"]
-        r["message_id"] = str(MessageId(r.pop("msg_ledger"), r.pop("msg_entry"), r.pop("msg_partition"),
-                                        r.pop("msg_batch")))
+        r["message_id"] = str(MessageId(ledger_id=r.pop("msg_ledger"), entry_id=r.pop("msg_entry"),
+                                        partition=r.pop("msg_partition"), batch_index=r.pop("msg_batch")))
     return rows, total
 
 

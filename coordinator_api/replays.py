@@ -214,7 +214,7 @@ class ReplayService:
                                 .order_by(t.c.id)).all()
         records = []
         for r in rows:
-            if MessageId(r.msg_ledger, r.msg_entry, r.msg_partition, r.msg_batch) > until:
+            if MessageId(r.msg_partition, r.msg_ledger, r.msg_entry, r.msg_batch) > until:
                 continue
             try:
                 records.append(LedgerRecord.from_json(r.record))

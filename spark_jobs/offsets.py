@@ -59,19 +59,19 @@ def format_position(pos: Position) -> str:
 
 def position_of(mid: MessageId) -> Position:
     """The position of a received message."""
-    return (mid.ledger_id, mid.entry_id, mid.batch_index if mid.batch_index >= 0 else -1)
+    return (mid.ledger_id(), mid.entry_id(), mid.batch_index() if mid.batch_index() >= 0 else -1)
 
 
 def last_position(mid: MessageId) -> Position | None:
     """The position of a partition's last message id (``get_last_message_id``); None if empty."""
-    if mid.ledger_id in (_U64, -1) or mid.entry_id in (_U64, -1) or mid.ledger_id < 0 or mid.entry_id < 0:
+    if mid.ledger_id() in (_U64, -1) or mid.entry_id() in (_U64, -1) or mid.ledger_id() < 0 or mid.entry_id() < 0:
         return None
     return position_of(mid)
 
 
 def to_message_id(pos: Position) -> MessageId:
     """The message id a reader starts from (exclusive) for ``pos``."""
-    return MessageId(pos[0], pos[1], -1, pos[2])
+    return MessageId(ledger_id=pos[0], entry_id=pos[1], batch_index=pos[2])
 
 
 def parse_position(text: Any, what: str) -> Position | str:

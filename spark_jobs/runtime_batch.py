@@ -91,7 +91,7 @@ async def _take(reader: Any, st: _ReadState, limit: int, poll_ms: int, sink: lis
             raise RuntimeError(f"pulsar-txn runtime: no message from {r.name} within {poll_ms} ms after "
                                f"{st.last or r.after} while reading its range up to {r.to}") from None
         mid = m.message_id()
-        entry = (mid.ledger_id, mid.entry_id)
+        entry = (mid.ledger_id(), mid.entry_id())
         if entry <= r.after or (st.last is not None and entry < st.last):
             continue  # before the range (a redelivery)
         capped = _capped(r, st)
@@ -103,7 +103,7 @@ async def _take(reader: Any, st: _ReadState, limit: int, poll_ms: int, sink: lis
         st.count += 1
         st.size += len(m.data())
         st.last = entry
-        st.entry_open = mid.batch_index >= 0 and not (mid.batch_size > 0 and mid.batch_index >= mid.batch_size - 1)
+        st.entry_open = mid.batch_index() >= 0 and not (mid.batch_size > 0 and mid.batch_index() >= mid.batch_size - 1)
         if not st.entry_open and (entry == r.to or _capped(r, st)):
             st.done = True
 
@@ -117,7 +117,7 @@ def _scan(opts: SourceOptions, r: Range, poll_ms: int) -> Iterator[tuple[list[tx
     """The messages of range ``r`` in chunks, then its final state."""
     conn = _Pulsar(opts)
     try:
-        start = txn.EARLIEST if r.after[0] < 0 else txn.MessageId(r.after[0], wire_entry(r.after[1]))
+        start = txn.EARLIEST if r.after[0] < 0 else txn.MessageId(ledger_id=r.after[0], entry_id=wire_entry(r.after[1]))
         reader = conn.run(conn.client.create_reader(r.name, start, receiver_queue_size=1000))
         st = _ReadState(r)
         while not st.done:
@@ -165,7 +165,7 @@ def entries_fn(opts: SourceOptions, ranges: list[Range], poll_ms: int) -> Callab
                 for msgs, _ in _scan(opts, r, poll_ms):
                     for m in msgs:
                         mid = m.message_id()
-                        e = (mid.ledger_id, mid.entry_id)
+                        e = (mid.ledger_id(), mid.entry_id())
                         rows[e] = rows.get(e, 0) + 1
                 if rows:
                     yield pa.RecordBatch.from_pylist(

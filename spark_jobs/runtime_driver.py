@@ -433,7 +433,7 @@ class DistributedRuntime:
         held, t = self._conn.held, bt.t
         await bt.mark([r.name for r in ranges])
         await asyncio.gather(*(held[r.name].acknowledge_cumulative(
-            txn.MessageId(*res.ends[r.name].to), t) for r in ranges))
+            _entry_id(res.ends[r.name].to), t) for r in ranges))
         input_ranges = record_ranges(ranges, res.ends)
         receipt = await bt.write(Kind.COMMITTED, input_ranges=input_ranges,
                                  outputs=dict(res.outputs),
@@ -467,7 +467,7 @@ class DistributedRuntime:
             to = parse_entry(rng["to"])
             if to > ends.get(name, _EARLIEST):
                 ends[name] = to
-        rung = Rung((record_id.ledger_id, record_id.entry_id, record_id.batch_index), ends, now_ms())
+        rung = Rung((record_id.ledger_id(), record_id.entry_id(), record_id.batch_index()), ends, now_ms())
         ladder = thin([*self._ladder, rung])
         data = encode_checkpoint(self.config.job, self.ledger_topic, str(t.id), ladder, now_ms())
         try:
@@ -549,7 +549,7 @@ class DistributedRuntime:
                 counts[topic] = counts.get(topic, 0) + 1
             parked_topic, parked_sends = await self._send_parked(r, bad, c.max_attempts, root, t)
             await bt.mark([r.name])
-            await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
+            await self._conn.held[r.name].acknowledge_cumulative(_entry_id(r.to), t)
             sends.append(await bt.write(Kind.PARKED, inputs={r.name: [str(m.message_id()) for m, _ in bad]},
                                         input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
                                                                "count": total}},
@@ -607,7 +607,7 @@ class DistributedRuntime:
         try:
             parked_topic, sends = await self._send_parked(r, [(m, error) for m in msgs], attempts, root, t)
             await bt.mark([r.name])
-            await self._conn.held[r.name].acknowledge_cumulative(txn.MessageId(*r.to), t)
+            await self._conn.held[r.name].acknowledge_cumulative(_entry_id(r.to), t)
             receipt = await bt.write(Kind.PARKED, inputs={r.name: [str(m.message_id()) for m in msgs]},
                                      input_ranges={r.name: {"after": entry_text(r.after), "to": entry_text(r.to),
                                                             "count": len(msgs)}},
@@ -618,6 +618,11 @@ class DistributedRuntime:
         except BaseException:
             await t.abort_if_open()
             raise
+
+
+def _entry_id(entry: Entry) -> txn.MessageId:
+    """The message id of a whole entry ``(ledger, entry)``, for a cumulative acknowledgement."""
+    return txn.MessageId(ledger_id=entry[0], entry_id=entry[1])
 
 
 def default_ledger(output: str) -> str:

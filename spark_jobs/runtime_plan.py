@@ -119,7 +119,7 @@ async def cursor_and_last(consumer: Any) -> tuple[Entry | None, Entry | None]:
     sub = consumer.topic_consumers[0]  # the one partition this consumer reads
     r = await sub.last_message_id_response()
     d = r.last_message_id
-    pos = last_position(txn.MessageId(d.ledgerId, d.entryId, -1, d.batch_index if d.HasField("batch_index") else -1))
+    pos = last_position(txn.MessageId.from_pb(d, partition=-1))
     last = None if pos is None else (pos[0], pos[1])
     return mark_delete_entry(r), last
 

@@ -38,8 +38,9 @@ from txn.topic import parse_topic
 
 log = logging.getLogger("spark_jobs.sink")
 
-#: Receipt id the broker returns for a message it dropped as a duplicate.
-_DUP_LEDGER = 0xFFFFFFFFFFFFFFFF
+#: Ledger of the receipt id the broker returns for a message it dropped as a duplicate (-1 on the
+#: wire's unsigned field, which the client reads as signed like the official one).
+_DUP_LEDGER = -1
 #: Rows handed from Spark's input iterator to the event loop at a time (deterministic_order=false).
 CHUNK_ROWS = 200
 #: Default cut of the sink's deterministic batches (the official client's batching defaults).
@@ -717,7 +718,7 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
         dups = 0
         try:
             for sent in sent_batches:  # the futures of a batch resolve (or fail) together: check the last
-                if (await sent[-1]).ledger_id == _DUP_LEDGER:
+                if (await sent[-1]).ledger_id() == _DUP_LEDGER:
                     dups += len(sent)
         except BaseException:
             for f in (f for sent in sent_batches for f in sent):

@@ -538,7 +538,7 @@ class _Pulsar:
                 if consumer is None or pos == EARLIEST_POS:
                     continue
                 ledger, entry, _ = pos
-                target = txn.MessageId(ledger, entry - 1 if entry > 0 else _BEFORE_ENTRY_0)
+                target = txn.MessageId(ledger_id=ledger, entry_id=entry - 1 if entry > 0 else _BEFORE_ENTRY_0)
                 consumer.acknowledge_nowait(target, cumulative=True)
                 for sub in consumer.topic_consumers:  # send now rather than at the next grouping tick
                     sub.flush_acks()
@@ -695,7 +695,8 @@ async def _open_checked(client: txn.AsyncClient, opts: SourceOptions, part: Puls
     if start == EARLIEST_POS:
         return await client.create_reader(part.name, txn.EARLIEST, receiver_queue_size=1000)
     entry = start[:2]
-    reader = await client.create_reader(part.name, txn.MessageId(entry[0], entry[1]), start_message_id_inclusive=True,
+    reader = await client.create_reader(part.name, txn.MessageId(ledger_id=entry[0], entry_id=entry[1]),
+                                        start_message_id_inclusive=True,
                                         receiver_queue_size=1000)
     first: txn.Message | None = None
     last = last_position(await reader.get_last_message_id())
@@ -754,7 +755,8 @@ def _to_arrow(msgs: list[txn.Message], part: PulsarInputPartition, schema: Any) 
     key, value, topic, partition, mid_s, mid_b, publish, event, props = cols
     for m in msgs:
         mid = m.message_id()
-        full = txn.MessageId(mid.ledger_id, mid.entry_id, part.partition, mid.batch_index, mid.batch_size)
+        full = txn.MessageId(part.partition, mid.ledger_id(), mid.entry_id(), mid.batch_index(),
+                             batch_size=mid.batch_size)
         k = m.partition_key() if m.has_partition_key() else None  # partition_key() is "" for none
         et = m.event_timestamp()
         key.append(k.encode() if k is not None else None)

@@ -110,7 +110,7 @@ async def send_raw(client: AsyncClient, topic: str, payload: bytes, *, codec: Co
         conn.producers.pop(pid, None)
         rid = next_request_id()
         await conn.request(command(T.CLOSE_PRODUCER, producer_id=pid, request_id=rid), rid)
-    return MessageId(r.message_id.ledgerId, r.message_id.entryId, topic=topic)
+    return MessageId(ledger_id=r.message_id.ledgerId, entry_id=r.message_id.entryId, topic=topic)
 
 
 # ----------------------------------------------------------------- fake broker

@@ -362,10 +362,11 @@ def test_a_record_the_database_refuses_is_quarantined(db_url: str) -> None:
                          started_at_ms=1) for i in (1, 3)]
     bad = LedgerRecord(kind="COMMITTED", job="refused", batch_id="r:2", txn_id="(0,2)", attempt=2**70, inputs={},
                        started_at_ms=1, error=marker)
-    entries = [Entry(MessageId(9, i, -1, -1), 100 + i, r, r.to_json()) for i, r in enumerate([good[0], bad, good[1]])]
+    entries = [Entry(MessageId(ledger_id=9, entry_id=i), 100 + i, r, r.to_json())
+               for i, r in enumerate([good[0], bad, good[1]])]
     try:
         assert apply_chunk(engine, topic, entries) == (2, 1)
-        assert load_position(engine, topic) == MessageId(9, 2, -1, -1)
+        assert load_position(engine, topic) == MessageId(ledger_id=9, entry_id=2)
         with engine.connect() as conn:
             rows = conn.execute(select(db.quarantine).where(db.quarantine.c.topic == topic)).all()
             stored = conn.execute(select(db.ledger_records.c.batch_id).where(db.ledger_records.c.topic == topic)

@@ -546,7 +546,7 @@ def test_batch_and_transaction_records_are_paged(broker: Any, tmp_path: Path) ->
     ids = ["(1,1,-1,-1)"] * (600_000 // 14)
     recs = [LedgerRecord(kind="STARTED", job="paged", batch_id="paged:1", txn_id="(0,1)", attempt=1 + i,
                          inputs={"in": ids}, started_at_ms=1000 + i) for i in range(30)]
-    entries = [Entry(MessageId(7, i, -1, -1), 100 + i, r, r.to_json()) for i, r in enumerate(recs)]
+    entries = [Entry(MessageId(ledger_id=7, entry_id=i), 100 + i, r, r.to_json()) for i, r in enumerate(recs)]
     try:
         assert apply_chunk(engine, topic, entries) == (30, 0)
     finally:

@@ -89,7 +89,7 @@ def ledger(seed: int = 5) -> list[LedgerRecord]:
 
 
 def project(engine: Any, recs: list[LedgerRecord]) -> None:
-    entries = [projection.Entry(MessageId(1, i, -1, -1), r.started_at_ms, r) for i, r in enumerate(recs)]
+    entries = [projection.Entry(MessageId(ledger_id=1, entry_id=i), r.started_at_ms, r) for i, r in enumerate(recs)]
     for i in range(0, len(entries), 500):
         projection.apply_chunk(engine, LEDGER, entries[i:i + 500])
     with engine.begin() as conn:

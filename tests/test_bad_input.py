@@ -49,7 +49,7 @@ def test_oversize_message_rejected_and_producer_still_works(client, topic):
     with pytest.raises(txn.MessageTooBig) as ei:
         p.send(b"x" * (6 * 1024 * 1024))
     assert ei.value.topic == topic
-    assert p.send(b"small").entry_id >= 0
+    assert p.send(b"small").entry_id() >= 0
 
 
 def test_wrong_payload_types(client, topic):
@@ -73,7 +73,7 @@ def test_closed_client_producer_consumer(broker, topic):
     with pytest.raises(txn.AlreadyClosed):
         cons.receive(100)
     with pytest.raises(txn.AlreadyClosed):
-        cons.acknowledge(txn.MessageId(1, 1))
+        cons.acknowledge(txn.MessageId(ledger_id=1, entry_id=1))
     c.close()
     with pytest.raises(txn.AlreadyClosed):
         c.create_producer(topic)

@@ -26,7 +26,7 @@ async def _prepare(url: str, topic: str) -> None:
             await futs[-1]
         msgs = [await cons.receive(timeout_millis=30000) for _ in range(ENTRIES * SIZE)]
         assert {(m.message_id().batch_size) for m in msgs} == {SIZE}
-        tails = [m for m in msgs if m.message_id().batch_index >= SIZE - ACKED_TAIL]
+        tails = [m for m in msgs if m.message_id().batch_index() >= SIZE - ACKED_TAIL]
         t = await c.new_transaction()
         await cons.acknowledge_many(tails, t)
         await t.commit()

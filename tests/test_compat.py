@@ -113,12 +113,12 @@ def test_message_id_earliest_and_latest():
 
 
 def test_message_ids_cross_serialize():
-    # pulsar.MessageId(partition, ledger_id, entry_id, batch_index); txn: (ledger, entry, partition, batch).
+    # Both: MessageId(partition, ledger_id, entry_id, batch_index).
     theirs = pulsar.MessageId(2, 100, 7, 3)
     ours = txn.MessageId.deserialize(theirs.serialize())
-    assert (ours.ledger_id, ours.entry_id, ours.partition, ours.batch_index) == (100, 7, 2, 3)
+    assert (ours.ledger_id(), ours.entry_id(), ours.partition(), ours.batch_index()) == (100, 7, 2, 3)
     assert str(ours) == str(theirs)
-    back = pulsar.MessageId.deserialize(txn.MessageId(100, 7, 2, 3).serialize())
+    back = pulsar.MessageId.deserialize(txn.MessageId(2, 100, 7, 3).serialize())
     assert (back.ledger_id(), back.entry_id(), back.partition(), back.batch_index()) == (100, 7, 2, 3)
 
 

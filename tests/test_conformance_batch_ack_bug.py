@@ -72,11 +72,11 @@ async def _setup(url: str, topic: str, per_entry: bool) -> None:
         ids = {k: m.message_id() for k, m in msgs.items()}
         # Exactly two entries of 10, each holding its own name's messages in order.
         for name in "ABCD":
-            entry = {(ids[f"{name}{i}"].ledger_id, ids[f"{name}{i}"].entry_id) for i in range(BATCH)}
+            entry = {(ids[f"{name}{i}"].ledger_id(), ids[f"{name}{i}"].entry_id()) for i in range(BATCH)}
             assert len(entry) == 1
-            assert [(ids[f"{name}{i}"].batch_index, ids[f"{name}{i}"].batch_size) for i in range(BATCH)] == [
+            assert [(ids[f"{name}{i}"].batch_index(), ids[f"{name}{i}"].batch_size) for i in range(BATCH)] == [
                 (i, BATCH) for i in range(BATCH)]
-        assert len({(ids[f"{name}0"].ledger_id, ids[f"{name}0"].entry_id) for name in "ABCD"}) == 4
+        assert len({(ids[f"{name}0"].ledger_id(), ids[f"{name}0"].entry_id()) for name in "ABCD"}) == 4
 
         def pick(name: str, lo: int, hi: int) -> list[txn.Message]:
             return [msgs[f"{name}{i}"] for i in range(lo, hi + 1)]
@@ -130,9 +130,9 @@ def test_ack_command_layout():
     from txn.consumer import _split_by_entry
 
     def ids(entry: int, lo: int, hi: int) -> list[txn.MessageId]:
-        return [txn.MessageId(1, entry, -1, i, BATCH) for i in range(lo, hi + 1)]
+        return [txn.MessageId(ledger_id=1, entry_id=entry, batch_index=i, batch_size=BATCH) for i in range(lo, hi + 1)]
 
-    plain = txn.MessageId(1, 9)
+    plain = txn.MessageId(ledger_id=1, entry_id=9)
     whole, partial = _split_by_entry(ids(0, 5, 9) + ids(1, 0, 4) + ids(2, 0, 9) + [plain] + ids(3, 0, 9))
     assert sorted(whole) == sorted(ids(2, 0, 9) + ids(3, 0, 9) + [plain])
     assert partial == [ids(0, 5, 9), ids(1, 0, 4)]

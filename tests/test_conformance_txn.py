@@ -268,7 +268,7 @@ def test_large_transactional_ack_is_split_below_the_frame_limit(broker, official
             cons = await c.subscribe(topic, "big", consumer_type=txn.ConsumerType.Shared,
                                      initial_position=txn.InitialPosition.Earliest, receiver_queue_size=5000)
             msgs = [await cons.receive(timeout_millis=30000) for _ in range(n)]
-            batched = sum(1 for m in msgs if m.message_id().batch_index >= 0)
+            batched = sum(1 for m in msgs if m.message_id().batch_index() >= 0)
             t = await c.new_transaction(timeout_millis=120000)
             await cons.acknowledge_many(msgs, t)
             await t.commit()
@@ -293,7 +293,7 @@ def test_partial_batch_acks_commit_and_abort_per_index(client, official, topic):
                             initial_position=txn.InitialPosition.Earliest)
     msgs = [cons.receive(timeout_millis=10000) for _ in range(40)]
     ids = [m.message_id() for m in msgs]
-    assert {i.batch_size for i in ids} == {10} and len({(i.ledger_id, i.entry_id) for i in ids}) == 4
+    assert {i.batch_size for i in ids} == {10} and len({(i.ledger_id(), i.entry_id()) for i in ids}) == 4
     by_value = {int(m.data()): m for m in msgs}
     odd = [by_value[i] for i in range(1, 40, 2)]
     even = [by_value[i] for i in range(0, 40, 2)]

@@ -123,7 +123,7 @@ def assert_all_acked(broker: Any, topic: str, sub: str) -> None:
 
 
 def mid_key(mid: txn.MessageId) -> tuple[int, int]:
-    return (mid.ledger_id, mid.entry_id)
+    return (mid.ledger_id(), mid.entry_id())
 
 
 # ---------------------------------------------------------- the crashing child

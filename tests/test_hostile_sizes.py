@@ -112,7 +112,7 @@ _CONSUME_CHILD = """
         try:
             return read(10000).data().decode()
         except txn.CorruptMessage as exc:
-            assert exc.topic == topic and exc.message_id.entry_id == bomb_entry, exc
+            assert exc.topic == topic and exc.message_id.entry_id() == bomb_entry, exc
             return type(exc).__name__
 
     c = client.subscribe(topic, "s", initial_position=txn.InitialPosition.Earliest)
@@ -142,7 +142,7 @@ def test_lying_message_is_reported_in_place_with_bounded_memory(broker, topic, c
     """Consumer and Reader: the message before, then a typed error for the liar, then the one after."""
     hostile = zstd_bomb(BOMB) if codec == CompressionType.ZSTD else snappy_bomb(SNAPPY_BOMB // 64)
     mid = _store(broker, topic, hostile, codec)
-    out = _child(_CONSUME_CHILD, broker.service_url, topic, str(mid.entry_id))
+    out = _child(_CONSUME_CHILD, broker.service_url, topic, str(mid.entry_id()))
     assert out["consumer"] == ["before", "PayloadTooLarge", "after"]
     assert out["reader"] == ["before", "PayloadTooLarge", "after"]
     assert out["grew"] < RSS_BOUND, f"peak RSS grew by {out['grew'] / MiB:.0f} MiB"
@@ -207,7 +207,7 @@ def test_processor_parks_an_unreadable_input_and_goes_on(broker, unique_name) ->
     assert (stats.messages, stats.parked) == (2, 1)
     assert outs == [b"after", b"before"]
     assert p.data() == b"" and p.properties()[PARK_CORRUPT] == "size"
-    assert p.properties()[PARK_SOURCE_ID] == str(txn.MessageId(mid.ledger_id, mid.entry_id, -1, topic=inp))
+    assert p.properties()[PARK_SOURCE_ID] == str(txn.MessageId(ledger_id=mid.ledger_id(), entry_id=mid.entry_id()))
     (rec,) = [r for r in records if r.kind == "PARKED"]
     assert rec.inputs == {inp: [p.properties()[PARK_SOURCE_ID]]} and "PayloadTooLarge" in rec.error
 
@@ -230,7 +230,7 @@ def test_checksum_mismatch_is_raised_by_receive_and_left_unacked() -> None:
                         m = await cons.receive(5000)
                     except txn.ChecksumMismatch as exc:
                         assert exc.topic == "persistent://public/default/t" and exc.reason == "checksum"
-                        seen.append(("checksum", exc.message_id.ledger_id, exc.message_id.entry_id))
+                        seen.append(("checksum", exc.message_id.ledger_id(), exc.message_id.entry_id()))
                         continue
                     seen.append(m.data())
                     await cons.acknowledge(m)
@@ -253,7 +253,7 @@ def test_checksum_mismatch_is_raised_by_a_reader() -> None:
                     try:
                         seen.append((await r.read_next(5000)).data())
                     except txn.CorruptMessage as exc:
-                        seen.append((type(exc).__name__, exc.message_id.entry_id))
+                        seen.append((type(exc).__name__, exc.message_id.entry_id()))
                 await r.close()
             return seen
 
@@ -372,7 +372,7 @@ def test_projection_quarantines_a_corrupt_ledger_message(broker, topic, tmp_path
             stored = conn.execute(select(db.ledger_records.c.batch_id).where(db.ledger_records.c.topic == topic)
                                   .order_by(db.ledger_records.c.id)).scalars().all()
         assert stored == ["c:1", "c:2"]
-        assert [(r.msg_ledger, r.msg_entry) for r in rows] == [(bomb.ledger_id, bomb.entry_id)]
+        assert [(r.msg_ledger, r.msg_entry) for r in rows] == [(bomb.ledger_id(), bomb.entry_id())]
         assert rows[0].reason.startswith("corrupt message (size): undecodable payload: ZSTD frame states 268435456")
     finally:
         engine.dispose()

@@ -84,9 +84,9 @@ def test_official_to_ours(client, official, topic, codec):
         ours.acknowledge(m)
     assert [(m.data(), m.properties(), m.partition_key(), m.event_timestamp()) for m in got] == want
     # They really were batched: several messages share an entry.
-    entries = {(m.message_id().ledger_id, m.message_id().entry_id) for m in got}
+    entries = {(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}
     assert len(entries) < 60
-    assert all(m.message_id().batch_index >= 0 for m in got)
+    assert all(m.message_id().batch_index() >= 0 for m in got)
     assert [m.topic_name() for m in got] == [topic] * 60
 
 

@@ -665,75 +665,76 @@ def test_txnid_is_frozen() -> None:
 
 def test_message_id_ordering() -> None:
     ids = [
-        MessageId(2, 0),
-        MessageId(1, 3),
-        MessageId(1, 2, 1),
-        MessageId(1, 2, 0, 5),
-        MessageId(1, 2, 0, 1),
-        MessageId(1, 2),
-        MessageId(0, 99),
+        MessageId(ledger_id=2, entry_id=0),
+        MessageId(ledger_id=1, entry_id=3),
+        MessageId(ledger_id=1, entry_id=2, partition=1),
+        MessageId(ledger_id=1, entry_id=2, partition=0, batch_index=5),
+        MessageId(ledger_id=1, entry_id=2, partition=0, batch_index=1),
+        MessageId(ledger_id=1, entry_id=2),
+        MessageId(ledger_id=0, entry_id=99),
     ]
     assert sorted(ids) == [
-        MessageId(0, 99),
-        MessageId(1, 2),
-        MessageId(1, 2, 0, 1),
-        MessageId(1, 2, 0, 5),
-        MessageId(1, 2, 1),
-        MessageId(1, 3),
-        MessageId(2, 0),
+        MessageId(ledger_id=0, entry_id=99),
+        MessageId(ledger_id=1, entry_id=2),
+        MessageId(ledger_id=1, entry_id=2, partition=1),  # batch index before partition, as in the official order
+        MessageId(ledger_id=1, entry_id=2, partition=0, batch_index=1),
+        MessageId(ledger_id=1, entry_id=2, partition=0, batch_index=5),
+        MessageId(ledger_id=1, entry_id=3),
+        MessageId(ledger_id=2, entry_id=0),
     ]
-    assert MessageId(1, 2) < MessageId(1, 3)
-    assert MessageId(1, 3) > MessageId(1, 2)
-    assert MessageId(1, 2) <= MessageId(1, 2)
-    assert MessageId(1, 2) >= MessageId(1, 2)
-    assert not MessageId(1, 2) < MessageId(1, 2)
-    assert max(ids) == MessageId(2, 0)
+    assert MessageId(ledger_id=1, entry_id=2) < MessageId(ledger_id=1, entry_id=3)
+    assert MessageId(ledger_id=1, entry_id=3) > MessageId(ledger_id=1, entry_id=2)
+    assert MessageId(ledger_id=1, entry_id=2) <= MessageId(ledger_id=1, entry_id=2)
+    assert MessageId(ledger_id=1, entry_id=2) >= MessageId(ledger_id=1, entry_id=2)
+    assert not MessageId(ledger_id=1, entry_id=2) < MessageId(ledger_id=1, entry_id=2)
+    assert max(ids) == MessageId(ledger_id=2, entry_id=0)
 
 
 def test_message_id_equality_ignores_topic_and_batch_size() -> None:
-    a = MessageId(1, 2, 3, 4, 10, topic="persistent://t/n/a")
-    b = MessageId(1, 2, 3, 4, 0, topic="persistent://t/n/b")
+    a = MessageId(ledger_id=1, entry_id=2, partition=3, batch_index=4, batch_size=10, topic="persistent://t/n/a")
+    b = MessageId(ledger_id=1, entry_id=2, partition=3, batch_index=4, topic="persistent://t/n/b")
     assert a == b
     assert hash(a) == hash(b)
     assert len({a, b}) == 1
-    assert MessageId(1, 2, 3, 4) != MessageId(1, 2, 3, 5)
-    assert MessageId(1, 2) != "(1,2,-1,-1)"
-    assert (MessageId(1, 2) == object()) is False
+    assert MessageId(3, 1, 2, 4) != MessageId(3, 1, 2, 5)
+    assert MessageId(ledger_id=1, entry_id=2) != "(1,2,-1,-1)"
+    assert (MessageId(ledger_id=1, entry_id=2) == object()) is False
     with pytest.raises(TypeError):
-        _ = MessageId(1, 2) < (1, 2)  # type: ignore[operator]
+        _ = MessageId(ledger_id=1, entry_id=2) < (1, 2)  # type: ignore[operator]
 
 
 def test_message_id_hash_consistent() -> None:
-    d = {MessageId(5, 6): "x"}
-    assert d[MessageId(5, 6, -1, -1)] == "x"
-    assert d.get(MessageId(5, 6, 0)) is None
-    assert hash(MessageId(5, 6)) == hash((5, 6, -1, -1))
+    d = {MessageId(ledger_id=5, entry_id=6): "x"}
+    assert d[MessageId(ledger_id=5, entry_id=6)] == "x"
+    assert d.get(MessageId(ledger_id=5, entry_id=6, partition=0)) is None
+    assert hash(MessageId(ledger_id=5, entry_id=6)) == hash(MessageId(-1, 5, 6, -1))
 
 
 def test_message_id_str() -> None:
-    assert str(MessageId(1, 2)) == "(1,2,-1,-1)"
-    assert str(MessageId(1, 2, 3, 4, 5)) == "(1,2,3,4)"
+    assert str(MessageId(ledger_id=1, entry_id=2)) == "(1,2,-1,-1)"
+    assert str(MessageId(ledger_id=1, entry_id=2, partition=3, batch_index=4, batch_size=5)) == "(1,2,3,4)"
 
 
 @pytest.mark.parametrize(
     "mid",
     [
-        MessageId(0, 0),
-        MessageId(1, 2),
-        MessageId(1, 2, 3),
-        MessageId(1, 2, 3, 4, 10),
-        MessageId(1, 2, -1, 0, 1),
-        MessageId(2**64 - 1, 2**63 - 1, 2**31 - 1, 2**31 - 1, 2**31 - 1),
+        MessageId(ledger_id=0, entry_id=0),
+        MessageId(ledger_id=1, entry_id=2),
+        MessageId(ledger_id=1, entry_id=2, partition=3),
+        MessageId(ledger_id=1, entry_id=2, partition=3, batch_index=4, batch_size=10),
+        MessageId(ledger_id=1, entry_id=2, batch_index=0, batch_size=1),
+        MessageId(2**31 - 1, 2**63 - 1, 2**63 - 1, 2**31 - 1, batch_size=2**31 - 1),
+        MessageId(ledger_id=-1, entry_id=-1),
     ],
 )
 def test_message_id_serialize_round_trip(mid: MessageId) -> None:
     back = MessageId.deserialize(mid.serialize())
     assert back == mid
-    assert (back.ledger_id, back.entry_id, back.partition, back.batch_index, back.batch_size) == (
-        mid.ledger_id,
-        mid.entry_id,
-        mid.partition,
-        mid.batch_index,
+    assert (back.ledger_id(), back.entry_id(), back.partition(), back.batch_index(), back.batch_size) == (
+        mid.ledger_id(),
+        mid.entry_id(),
+        mid.partition(),
+        mid.batch_index(),
         mid.batch_size,
     )
     assert MessageId.from_pb(mid.to_pb()) == mid
@@ -741,14 +742,14 @@ def test_message_id_serialize_round_trip(mid: MessageId) -> None:
 
 def test_message_id_serialize_exact_bytes() -> None:
     # ledgerId field 1 = 5, entryId field 2 = 6; partition/batch_index omitted when -1
-    assert MessageId(5, 6).serialize() == b"\x08\x05\x10\x06"
-    assert MessageId(5, 6, 1, 2, 3).serialize() == b"\x08\x05\x10\x06\x18\x01\x20\x02\x30\x03"
+    assert MessageId(ledger_id=5, entry_id=6).serialize() == b"\x08\x05\x10\x06"
+    assert MessageId(1, 5, 6, 2, batch_size=3).serialize() == b"\x08\x05\x10\x06\x18\x01\x20\x02\x30\x03"
 
 
 def test_message_id_from_pb_overrides() -> None:
     d = pb.MessageIdData(ledgerId=9, entryId=8, partition=1)
     mid = MessageId.from_pb(d, partition=4, topic="persistent://t/n/x")
-    assert (mid.ledger_id, mid.entry_id, mid.partition, mid.batch_index, mid.batch_size) == (9, 8, 4, -1, 0)
+    assert (mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(), mid.batch_size) == (9, 8, 4, -1, 0)
     assert mid.topic == "persistent://t/n/x"
     assert mid.entry_key == (9, 8, 4)
 

@@ -57,9 +57,7 @@ def _values(rows):
 
 def _pos(mid) -> str:
     """A txn / official message id as an offsets-JSON position."""
-    if callable(mid.ledger_id):  # the official client's id
-        return f"{mid.ledger_id()}:{mid.entry_id()}:{mid.batch_index()}"
-    return f"{mid.ledger_id}:{mid.entry_id}:{mid.batch_index}"
+    return f"{mid.ledger_id()}:{mid.entry_id()}:{mid.batch_index()}"
 
 
 # ---------------------------------------------------------------- offsets (no broker)
@@ -184,7 +182,7 @@ def test_batch_read_of_official_client_messages_all_columns_exact(spark, broker,
         ours = txn.MessageId.deserialize(r.message_id_bytes)
         theirs = pulsar.MessageId.deserialize(r.message_id_bytes)
         mid = m.message_id()
-        assert (ours.ledger_id, ours.entry_id, ours.partition, ours.batch_index) == (
+        assert (ours.ledger_id(), ours.entry_id(), ours.partition(), ours.batch_index()) == (
             mid.ledger_id(), mid.entry_id(), -1, mid.batch_index())
         assert (theirs.ledger_id(), theirs.entry_id(), theirs.batch_index()) == (
             mid.ledger_id(), mid.entry_id(), mid.batch_index())
@@ -228,12 +226,12 @@ def test_partitioned_topic_pattern_and_offsets_json(spark, broker, client, uniqu
     for p in range(3):
         assert _values(by_part[p]) == [f"p{p}-{j}" for j in range(4)]
         assert [r.message_id for r in by_part[p]] == [
-            f"({m.ledger_id},{m.entry_id},{p},-1)" for m in ids[p]]
+            f"({m.ledger_id()},{m.entry_id()},{p},-1)" for m in ids[p]]
         assert [r.key for r in by_part[p]] == [f"k{j}".encode() for j in range(4)]
 
     # One partition starts after its 2nd message; another ends at its 3rd (message_id form).
     start = f'{{"{pt}-partition-1": "{_pos(ids[1][1])}"}}'
-    end = f'{{"{prefix}-parts-partition-2": "({ids[2][2].ledger_id},{ids[2][2].entry_id},2,-1)"}}'
+    end = f'{{"{prefix}-parts-partition-2": "({ids[2][2].ledger_id()},{ids[2][2].entry_id()},2,-1)"}}'
     rows = _read(spark, broker, topics=pt, startingOffsets=start, endingOffsets=end).collect()
     got = sorted((r.partition, r.value.decode()) for r in rows)
     assert got == sorted([(0, f"p0-{j}") for j in range(4)] + [(1, "p1-2"), (1, "p1-3")]

@@ -45,7 +45,7 @@ def _close_and_trim(broker, producer, topic: str, tail: str):
     before = _ledgers(broker, topic)
     _admin(broker, "PUT", topic, "/unload")
     mid = producer.send(tail.encode())
-    assert mid.ledger_id not in before
+    assert mid.ledger_id() not in before
     _admin(broker, "POST", topic, "/trim")
     return before
 
@@ -140,7 +140,7 @@ def test_restart_after_data_deleted_fails_or_warns(spark, broker, client, unique
     q = _stream(spark, broker, topic, out, checkpoint, subscription=sub)
     err = str(q.exception())
     assert "PulsarDataLossError" in err, err
-    last_read = f"{ids[0].ledger_id}:{ids[0].entry_id - 1}:-1"
+    last_read = f"{ids[0].ledger_id()}:{ids[0].entry_id() - 1}:-1"
     assert f"{topic} (partition -1)" in err and f"after {last_read}" in err, err
     assert _values(spark, out) == [f"m{i:03d}" for i in range(20)]  # nothing written by the failed batch
 
@@ -155,7 +155,7 @@ def test_batch_read_from_a_trimmed_start_fails_or_warns(spark, broker, client, t
     producer = client.create_producer(topic, batching_enabled=False)
     ids = [producer.send(f"m{i:03d}".encode()) for i in range(5)]
     _close_and_trim(broker, producer, topic, "m005")
-    start = json.dumps({topic: f"{ids[1].ledger_id}:{ids[1].entry_id}"})
+    start = json.dumps({topic: f"{ids[1].ledger_id()}:{ids[1].entry_id()}"})
 
     def read(**options):
         r = (spark.read.format("pulsar").option("service_url", broker.service_url).option("topics", topic)
@@ -167,7 +167,7 @@ def test_batch_read_from_a_trimmed_start_fails_or_warns(spark, broker, client, t
     with pytest.raises(Exception, match="PulsarDataLossError") as info:
         read()
     msg = str(info.value)
-    assert f"{topic} (partition -1)" in msg and f"after {ids[1].ledger_id}:{ids[1].entry_id}:-1" in msg, msg
+    assert f"{topic} (partition -1)" in msg and f"after {ids[1].ledger_id()}:{ids[1].entry_id()}:-1" in msg, msg
     assert read(failOnDataLoss="false") == ["m005"]
     # A start that is still stored reads on as before.
     producer.send(b"m006")

@@ -12,68 +12,93 @@ from .protocol import pb
 
 @total_ordering
 class MessageId:
-    """Position of a message: ledger, entry, partition and index inside a batch.
+    """Position of a message: partition, ledger, entry and index inside a batch.
 
-    Immutable by convention; equality, ordering and hashing use (ledger, entry, partition,
-    batch index). ``topic`` says which topic (partition) it belongs to. ``MessageId.earliest`` and
-    ``MessageId.latest`` are :data:`EARLIEST` and :data:`LATEST`, as in ``pulsar.MessageId``.
+    As ``pulsar.MessageId``: built as ``MessageId(partition=-1, ledger_id=-1, entry_id=-1,
+    batch_index=-1)``, read with the methods :meth:`ledger_id`, :meth:`entry_id`,
+    :meth:`partition` and :meth:`batch_index`. ``MessageId.earliest`` and ``MessageId.latest``
+    are :data:`EARLIEST` and :data:`LATEST`.
+
+    Equality compares all four; ordering compares ledger, entry and batch index like the
+    official client, with the partition as the last tie-breaker (the official client leaves
+    ids that differ only by partition unordered). Unlike the official id, ours is hashable
+    (the hash follows equality). Immutable by convention. Two attributes of our own:
+    ``batch_size`` (messages in the id's batch entry, 0 if unknown) and ``topic`` (the topic or
+    partition it belongs to, ``""`` if unknown); neither takes part in comparisons.
     """
 
-    __slots__ = ("ledger_id", "entry_id", "partition", "batch_index", "batch_size", "topic")
+    __slots__ = ("_ledger", "_entry", "_partition", "_batch", "batch_size", "topic")
     earliest: ClassVar[MessageId]
     latest: ClassVar[MessageId]
 
-    def __init__(self, ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
-                 batch_size: int = 0, topic: str = "") -> None:
-        self.ledger_id = ledger_id
-        self.entry_id = entry_id
-        self.partition = partition
-        self.batch_index = batch_index
+    def __init__(self, partition: int = -1, ledger_id: int = -1, entry_id: int = -1, batch_index: int = -1,
+                 *, batch_size: int = 0, topic: str = "") -> None:
+        self._partition = partition
+        self._ledger = ledger_id
+        self._entry = entry_id
+        self._batch = batch_index
         self.batch_size = batch_size
         self.topic = topic
 
-    def _key(self) -> tuple[int, int, int, int]:
-        return (self.ledger_id, self.entry_id, self.partition, self.batch_index)
+    def ledger_id(self) -> int:
+        """The ledger."""
+        return self._ledger
+
+    def entry_id(self) -> int:
+        """The entry in the ledger."""
+        return self._entry
+
+    def partition(self) -> int:
+        """The partition index, -1 for a non-partitioned topic (or unknown)."""
+        return self._partition
+
+    def batch_index(self) -> int:
+        """The index in a batch entry, -1 if the entry is not a batch."""
+        return self._batch
+
+    def _order(self) -> tuple[int, int, int, int]:
+        return (self._ledger, self._entry, self._batch, self._partition)
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, MessageId):
             return NotImplemented
-        return self._key() < other._key()
+        return self._order() < other._order()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MessageId):
             return NotImplemented
-        return self._key() == other._key()
+        return self._order() == other._order()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(self._order())
 
     def __str__(self) -> str:
-        return f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"
+        return f"({self._ledger},{self._entry},{self._partition},{self._batch})"
 
     def __repr__(self) -> str:
-        return (f"MessageId(ledger_id={self.ledger_id}, entry_id={self.entry_id}, partition={self.partition}, "
-                f"batch_index={self.batch_index}, batch_size={self.batch_size})")
+        return (f"MessageId(partition={self._partition}, ledger_id={self._ledger}, entry_id={self._entry}, "
+                f"batch_index={self._batch}, batch_size={self.batch_size})")
 
     def to_pb(self) -> pb.MessageIdData:
         """Wire form (without ack set)."""
-        d = pb.MessageIdData(ledgerId=self.ledger_id & _U64, entryId=self.entry_id & _U64)
-        if self.partition >= 0:
-            d.partition = self.partition
-        if self.batch_index >= 0:
-            d.batch_index = self.batch_index
+        d = pb.MessageIdData(ledgerId=self._ledger & _U64, entryId=self._entry & _U64)
+        if self._partition >= 0:
+            d.partition = self._partition
+        if self._batch >= 0:
+            d.batch_index = self._batch
         return d
 
     def serialize(self) -> bytes:
-        """Bytes form, readable back with :meth:`deserialize`."""
+        """Bytes form, readable back with :meth:`deserialize` (and by ``pulsar.MessageId.deserialize``)."""
         d = self.to_pb()
         if self.batch_size:
             d.batch_size = self.batch_size
         return d.SerializeToString()
 
     @classmethod
-    def deserialize(cls, data: bytes) -> MessageId:
-        """Inverse of :meth:`serialize`."""
+    def deserialize(cls, data: bytes, topic: str | None = None) -> MessageId:
+        """Inverse of :meth:`serialize`; reads the official client's bytes too. ``topic`` sets
+        :attr:`topic`."""
         d = pb.MessageIdData()
         try:
             d.ParseFromString(data)
@@ -81,29 +106,37 @@ class MessageId:
             raise ValueError(f"not a serialized message id: {exc}") from exc
         if not d.IsInitialized():
             raise ValueError("not a serialized message id: required fields missing")
-        return cls.from_pb(d)
+        return cls.from_pb(d, topic=topic or "")
 
     @classmethod
     def from_pb(cls, d: pb.MessageIdData, partition: int | None = None, topic: str = "") -> MessageId:
-        """Build from wire form, optionally overriding the partition."""
+        """Build from wire form, optionally overriding the partition.
+
+        Ledger and entry are unsigned on the wire and signed here, as in the official client:
+        the wire's 2^64-1 is -1 (``earliest``)."""
         return cls(
-            d.ledgerId,
-            d.entryId,
             d.partition if partition is None else partition,
+            signed64(d.ledgerId),
+            signed64(d.entryId),
             d.batch_index if d.HasField("batch_index") else -1,
-            d.batch_size if d.HasField("batch_size") else 0,
-            topic,
+            batch_size=d.batch_size if d.HasField("batch_size") else 0,
+            topic=topic,
         )
 
     @property
     def entry_key(self) -> tuple[int, int, int]:
         """(ledger, entry, partition): identifies the stored entry (the whole batch)."""
-        return (self.ledger_id, self.entry_id, self.partition)
+        return (self._ledger, self._entry, self._partition)
+
+
+def signed64(v: int) -> int:
+    """A wire uint64 as the int64 the official client keeps."""
+    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 #: The earliest and latest positions, for ``seek`` and readers.
-EARLIEST = MessageId(-1, -1)
-LATEST = MessageId(0x7FFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF)
+EARLIEST = MessageId()
+LATEST = MessageId(ledger_id=0x7FFFFFFFFFFFFFFF, entry_id=0x7FFFFFFFFFFFFFFF)
 MessageId.earliest = EARLIEST
 MessageId.latest = LATEST
 
@@ -300,5 +333,5 @@ class ReceivedMessage(Message):
         mid = self._id
         if mid is None:
             ledger, entry, partition, size = self.entry
-            mid = self._id = MessageId(ledger, entry, partition, self.batch_index, size, self._topic)
+            mid = self._id = MessageId(partition, ledger, entry, self.batch_index, batch_size=size, topic=self._topic)
         return mid

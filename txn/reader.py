@@ -36,11 +36,11 @@ class AsyncReader:
             mid = m.message_id()
             if self._last is None and not self._inclusive and self._start not in (EARLIEST, LATEST):
                 if mid.entry_key[:2] == self._start.entry_key[:2] and (
-                    self._start.batch_index < 0 or mid.batch_index <= self._start.batch_index
+                    self._start.batch_index() < 0 or mid.batch_index() <= self._start.batch_index()
                 ):
                     continue  # the start position itself (exclusive) or earlier messages of its batch
-            if self._last is None and self._inclusive and self._start.batch_index >= 0:
-                if mid.entry_key[:2] == self._start.entry_key[:2] and mid.batch_index < self._start.batch_index:
+            if self._last is None and self._inclusive and self._start.batch_index() >= 0:
+                if mid.entry_key[:2] == self._start.entry_key[:2] and mid.batch_index() < self._start.batch_index():
                     continue
             self._last = mid
             self._sub.resume_from = mid
@@ -55,23 +55,24 @@ class AsyncReader:
         if len(self._consumer.receive_queue):
             return True
         last = await self._sub.get_last_message_id()
-        if last.entry_id == 0xFFFFFFFFFFFFFFFF or last.ledger_id == 0xFFFFFFFFFFFFFFFF:
+        if last.entry_id() < 0 or last.ledger_id() < 0:
             return False  # empty topic
         if self._last is None:
             start = self._start
             if start == EARLIEST:
                 return True
-            if (last.ledger_id, last.entry_id) > (start.ledger_id, start.entry_id):
+            if (last.ledger_id(), last.entry_id()) > (start.ledger_id(), start.entry_id()):
                 return True
-            if (last.ledger_id, last.entry_id) == (start.ledger_id, start.entry_id):
+            if (last.ledger_id(), last.entry_id()) == (start.ledger_id(), start.entry_id()):
                 # The start is the last entry: only it (inclusive) or the rest of its batch remains.
                 if self._inclusive:
                     return True
-                return start.batch_index >= 0 and (start.batch_size == 0 or start.batch_index < start.batch_size - 1)
+                index = start.batch_index()
+                return index >= 0 and (start.batch_size == 0 or index < start.batch_size - 1)
             return False
-        return (last.ledger_id, last.entry_id) > (self._last.ledger_id, self._last.entry_id) or (
-            (last.ledger_id, last.entry_id) == (self._last.ledger_id, self._last.entry_id)
-            and self._last.batch_size > 0 and self._last.batch_index < self._last.batch_size - 1
+        return (last.ledger_id(), last.entry_id()) > (self._last.ledger_id(), self._last.entry_id()) or (
+            (last.ledger_id(), last.entry_id()) == (self._last.ledger_id(), self._last.entry_id())
+            and self._last.batch_size > 0 and self._last.batch_index() < self._last.batch_size - 1
         )
 
     async def close(self) -> None:

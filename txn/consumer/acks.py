@@ -50,23 +50,23 @@ def _txn_ack_ids(mids: list[MessageId], cumulative: bool) -> list[pb.MessageIdDa
     ids: list[pb.MessageIdData] = []
     if cumulative:
         for mid in mids:
-            d = pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id)
-            if mid.batch_index >= 0 and mid.batch_size > 0:
-                d.ack_set.extend(_ack_set_words(mid.batch_size, [], acked_upto=mid.batch_index))
+            d = pb.MessageIdData(ledgerId=mid.ledger_id(), entryId=mid.entry_id())
+            if mid.batch_index() >= 0 and mid.batch_size > 0:
+                d.ack_set.extend(_ack_set_words(mid.batch_size, [], acked_upto=mid.batch_index()))
                 d.batch_size = mid.batch_size
             ids.append(d)
         return ids
     entries: dict[tuple[int, int], tuple[int, list[int]]] = {}
     for mid in mids:
-        if mid.batch_index >= 0 and mid.batch_size > 0:
-            key = (mid.ledger_id, mid.entry_id)
+        if mid.batch_index() >= 0 and mid.batch_size > 0:
+            key = (mid.ledger_id(), mid.entry_id())
             e = entries.get(key)
             if e is None:
-                entries[key] = (mid.batch_size, [mid.batch_index])
+                entries[key] = (mid.batch_size, [mid.batch_index()])
             else:
-                e[1].append(mid.batch_index)
+                e[1].append(mid.batch_index())
         else:
-            ids.append(pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id))
+            ids.append(pb.MessageIdData(ledgerId=mid.ledger_id(), entryId=mid.entry_id()))
     for (ledger, entry), (size, indexes) in entries.items():
         d = pb.MessageIdData(ledgerId=ledger, entryId=entry, batch_size=size)
         d.ack_set.extend(_ack_set_words(size, indexes))
@@ -86,13 +86,13 @@ def _split_by_entry(mids: list[MessageId]) -> tuple[list[MessageId], list[list[M
     whole: list[MessageId] = []
     entries: dict[tuple[int, int], list[MessageId]] = {}
     for mid in mids:
-        if mid.batch_index >= 0 and mid.batch_size > 0:
-            entries.setdefault((mid.ledger_id, mid.entry_id), []).append(mid)
+        if mid.batch_index() >= 0 and mid.batch_size > 0:
+            entries.setdefault((mid.ledger_id(), mid.entry_id()), []).append(mid)
         else:
             whole.append(mid)
     partial = []
     for ids in entries.values():
-        if len({m.batch_index for m in ids}) == ids[0].batch_size:
+        if len({m.batch_index() for m in ids}) == ids[0].batch_size:
             whole.extend(ids)
         else:
             partial.append(ids)
@@ -147,8 +147,8 @@ class AckTracker:
                 mid = item.message_id() if nacks or cum else None
             else:
                 mid = item.message_id() if isinstance(item, Message) else item
-                key = (mid.ledger_id, mid.entry_id, mid.partition, mid.batch_size)
-                index = mid.batch_index
+                key = (mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_size)
+                index = mid.batch_index()
             if nacks:
                 nacks.pop(mid, None)
             if cum:
@@ -181,14 +181,14 @@ class AckTracker:
             pass
 
     def _cumulative_target(self, mid: MessageId) -> pb.MessageIdData | None:
-        if mid.batch_index >= 0 and mid.batch_index < mid.batch_size - 1:
+        if mid.batch_index() >= 0 and mid.batch_index() < mid.batch_size - 1:
             # Not the last message of its batch: acknowledge up to the previous entry.
-            if mid.entry_id == 0:
+            if mid.entry_id() == 0:
                 return None
-            return pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id - 1)
-        for key in [k for k in self._batch_unacked if (k[0], k[1]) <= (mid.ledger_id, mid.entry_id)]:
+            return pb.MessageIdData(ledgerId=mid.ledger_id(), entryId=mid.entry_id() - 1)
+        for key in [k for k in self._batch_unacked if (k[0], k[1]) <= (mid.ledger_id(), mid.entry_id())]:
             del self._batch_unacked[key]
-        return pb.MessageIdData(ledgerId=mid.ledger_id, entryId=mid.entry_id)
+        return pb.MessageIdData(ledgerId=mid.ledger_id(), entryId=mid.entry_id())
 
     async def ack_txn(self, mids: list[MessageId], txn: AsyncTransaction, cumulative: bool) -> None:
         """Acknowledge inside ``txn``; waits for the broker's ack response."""
@@ -251,7 +251,7 @@ class AckTracker:
         shared = self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared)
         try:
             if shared and mids:
-                entries = {(m.ledger_id, m.entry_id) for m in mids}
+                entries = {(m.ledger_id(), m.entry_id()) for m in mids}
                 conn.send_command(
                     command(
                         T.REDELIVER_UNACKNOWLEDGED_MESSAGES,

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..connection import Connection, command
 from ..errors import ChecksumMismatch, ConnectError, CorruptMessage, PayloadTooLarge, ProtocolError, SizeLimitExceeded
-from ..message import MessageId, ReceivedMessage, TxnID
+from ..message import MessageId, ReceivedMessage, TxnID, signed64
 from ..protocol import Frame, decompress, pb, split_batch
 from .parent import ConsumerParent
 
@@ -115,7 +115,8 @@ class MessageFlow:
         Its ``permits`` (what the broker charged for it) are returned now: the queued error counts
         none when taken."""
         err = kind(f"{what}; the entry is left unacknowledged", topic=self.topic,
-                   message_id=MessageId(mid.ledgerId, mid.entryId, self.partition, topic=self.topic))
+                   message_id=MessageId(self.partition, signed64(mid.ledgerId), signed64(mid.entryId),
+                                        topic=self.topic))
         log.error("%s", err)
         self._skip(permits)
         self.parent.receive_queue.put_error(err, self)

@@ -26,7 +26,7 @@ def entry_of(m: Message) -> tuple[EntryKey, bool] | None:
         index = m.batch_index
     else:
         mid = m.message_id()
-        ledger, entry, size, index = mid.ledger_id, mid.entry_id, mid.batch_size, mid.batch_index
+        ledger, entry, size, index = mid.ledger_id(), mid.entry_id(), mid.batch_size, mid.batch_index()
     if index < 0 or size <= 0:
         return None
     return (m.topic_name(), ledger, entry), index < size - 1

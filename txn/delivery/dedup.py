@@ -150,7 +150,7 @@ class DedupReceiver:
         if self.key_by == "sequence":
             return f"{msg.producer_name()}@{msg.topic_name()}", (msg.sequence_id(), 0, 0)
         mid = msg.message_id()
-        return msg.topic_name(), (mid.ledger_id, mid.entry_id, mid.batch_index)
+        return msg.topic_name(), (mid.ledger_id(), mid.entry_id(), mid.batch_index())
 
     def process_one(self, timeout_millis: int | None = None) -> Outcome | None:
         """Handle one message: a held one whose predecessor is now done (or which must be parked)

@@ -178,7 +178,7 @@ class PartitionFences:
         """Read ``topic`` until our claim is readable; abort transactions whose intents stay open."""
         # The last entries before the claim, in the claim's ledger (intents in an older ledger are
         # not looked for: their transactions then end by the broker's timeout, still before we go on).
-        start = MessageId(claim.ledger_id, max(claim.entry_id - LOOKBACK_ENTRIES, 0))
+        start = MessageId(ledger_id=claim.ledger_id(), entry_id=max(claim.entry_id() - LOOKBACK_ENTRIES, 0))
         reader = await self.client.create_reader(topic, start, start_message_id_inclusive=True)
         open_txns: dict[str, None] = {}
         aborted: list[str] = []

@@ -84,7 +84,7 @@ class Rung:
 
     def start_id(self) -> MessageId:
         """Where a reader resumes: right after ``position``."""
-        return MessageId(self.position[0], self.position[1], -1, self.position[2])
+        return MessageId(ledger_id=self.position[0], entry_id=self.position[1], batch_index=self.position[2])
 
     def to_dict(self) -> dict[str, Any]:
         return {"p": list(self.position), "hi": {t: list(e) for t, e in self.hi.items()}, "at": self.at_ms}
@@ -172,9 +172,9 @@ async def load_ladder(client: Any, ledger_topic: str, job: str, *, window: int =
     finally:
         with contextlib.suppress(PulsarError):
             await probe.close()
-    if last.ledger_id < 0 or last.entry_id < 0:
+    if last.ledger_id() < 0 or last.entry_id() < 0:
         return [], 0
-    start = MessageId(last.ledger_id, max(last.entry_id - window, 0), -1, -1)
+    start = MessageId(ledger_id=last.ledger_id(), entry_id=max(last.entry_id() - window, 0))
     reader = await client.create_reader(topic, start, start_message_id_inclusive=True, receiver_queue_size=window)
     best: tuple[tuple[int, int, int], list[Rung]] | None = None
     read = 0
@@ -188,10 +188,10 @@ async def load_ladder(client: Any, ledger_topic: str, job: str, *, window: int =
             mid = m.message_id()
             ladder = decode(m.data(), job, ledger_topic, m.txn_id())
             if ladder is not None:
-                key = (mid.ledger_id, mid.entry_id, mid.batch_index)
+                key = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
                 if best is None or key > best[0]:
                     best = (key, ladder)
-            if (mid.ledger_id, mid.entry_id) >= (last.ledger_id, last.entry_id):
+            if (mid.ledger_id(), mid.entry_id()) >= (last.ledger_id(), last.entry_id()):
                 break
     finally:
         with contextlib.suppress(PulsarError):

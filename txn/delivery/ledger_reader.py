@@ -187,7 +187,7 @@ async def read_tail(client: Any, topic: str, last_entries: int, idle_ms: int,
     to a probe written first; raises :class:`LedgerEndUnknown` (see :meth:`LedgerReader.to_probe`)."""
     probe, end = await write_probe(client, topic)
     start, inclusive = EARLIEST, False
-    if not full and end.entry_id > last_entries:
-        start, inclusive = MessageId(end.ledger_id, end.entry_id - last_entries, -1, -1), True
+    if not full and end.entry_id() > last_entries:
+        start, inclusive = MessageId(ledger_id=end.ledger_id(), entry_id=end.entry_id() - last_entries), True
     async with await LedgerReader.open(client, topic, start, inclusive=inclusive, verify_txn=verify_txn) as r:
         return records_of(await r.to_probe(probe, idle_ms))

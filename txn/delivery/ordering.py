@@ -472,7 +472,8 @@ class OrderingGuard:
         if not bids:
             return
         parts = ledger.partition_topics()
-        ref = record_ref(parts[record_id.partition] if 0 <= record_id.partition < len(parts) else parts[0], record_id)
+        p = record_id.partition()
+        ref = record_ref(parts[p] if 0 <= p < len(parts) else parts[0], record_id)
         for b in bids:
             self._own[b] = str(txn_id)
         store, scope = self._st()
@@ -514,7 +515,7 @@ class OrderingGuard:
 
 def record_ref(topic: str, mid: MessageId) -> str:
     """Where a ledger record is: ``topic|ledger:entry:batch_index``."""
-    return f"{topic}|{mid.ledger_id}:{mid.entry_id}:{mid.batch_index}"
+    return f"{topic}|{mid.ledger_id()}:{mid.entry_id()}:{mid.batch_index()}"
 
 
 async def _record_committed(proc: OrderingHost, ref: str) -> bool | None:
@@ -524,7 +525,8 @@ async def _record_committed(proc: OrderingHost, ref: str) -> bool | None:
     ledger_id, entry_id, _ = (int(x) for x in pos.split(":"))
     target = (ledger_id, entry_id)  # a batch entry holds one transaction's messages: compare entries
     try:
-        reader = await proc.client.create_reader(topic, MessageId(ledger_id, entry_id), start_message_id_inclusive=True)
+        start = MessageId(ledger_id=ledger_id, entry_id=entry_id)
+        reader = await proc.client.create_reader(topic, start, start_message_id_inclusive=True)
     except PulsarError:
         return None
     try:
@@ -534,7 +536,7 @@ async def _record_committed(proc: OrderingHost, ref: str) -> bool | None:
             except Timeout:
                 return None
             mid = m.message_id()
-            got = (mid.ledger_id, mid.entry_id)
+            got = (mid.ledger_id(), mid.entry_id())
             if got == target:
                 return True
             if got > target:

@@ -14,7 +14,7 @@ from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
 from ..context import ClientContext
 from ..errors import AlreadyClosed, ConnectError, ProducerFenced, PulsarError, Timeout, from_server_error
-from ..message import MessageId
+from ..message import MessageId, signed64
 from ..protocol import pb
 from .accumulator import _Batch, _Op
 from .config import _NO_TXN, ProducerAccessMode, ProducerConfig, _kv
@@ -226,12 +226,13 @@ class Sender:
                 return  # a receipt for something already resolved (duplicate after a resend)
         self.last_sequence_id_published = max(self.last_sequence_id_published, op.highest)
         mid = r.message_id
+        ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # -1: deduplicated
         n = len(op.futures)
         for i, f in enumerate(op.futures):
             if not f.done():
                 f.set_result(
-                    MessageId(mid.ledgerId, mid.entryId, self.partition, i if op.batched else -1,
-                              n if op.batched else 0)
+                    MessageId(self.partition, ledger, entry, i if op.batched else -1,
+                              batch_size=n if op.batched else 0)
                 )
         self._release(n)
 

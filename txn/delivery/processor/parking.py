@@ -165,5 +165,5 @@ class Parking:
             self._release_if_lost(err)
             return
         if self.guard is not None:
-            self.guard.committed.add(topic, mid.ledger_id, mid.entry_id, -1)
+            self.guard.committed.add(topic, mid.ledger_id(), mid.entry_id(), -1)
         self.stats.parked += 1
