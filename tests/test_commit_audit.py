@@ -129,3 +129,25 @@ def test_a_batch_rolled_back_after_its_commit_is_committed_again_once(broker, un
         assert got == want  # every input's outputs exactly once: the lost ones by the redo
     finally:
         official.close()
+
+
+def test_audit_keeps_recent_records_and_checks_each_once() -> None:
+    """Broker-free: what a reconnect exposes, when it is due, and that a handled record is not exposed again."""
+    from txn.delivery.commit_audit import CommitAudit
+
+    audit = CommitAudit(None, "ledger", keep_s=60, settle_s=25, max_records=3)
+    for k in range(5):
+        audit.seen((1, k, -1), f"b:{k}", f"(0,{k})", {"t": [f"(1,{k},-1,-1)"]})
+    assert [r.batch_id for r in audit.recent] == ["b:2", "b:3", "b:4"]  # bounded by max_records
+    now = audit.recent[-1].at
+    assert audit.expose(now) == 3 and audit.pending == 3
+    assert audit.expose(now, limit=1) == 1 and audit.pending == 4
+    assert audit.due(now + 24) == []
+    due = audit.due(now + 25)
+    assert [r.pos for r in due] == [(1, 2, -1), (1, 3, -1), (1, 4, -1)]  # each once, oldest first
+    assert audit.pending == 0
+    audit.handled.add((1, 3, -1))
+    assert audit.expose(now) == 2  # the handled record is not checked again
+    assert audit.expose(now + 61) == 0  # past keep_s: nothing of it is at risk any more
+    audit.retry_later(due[:1], 0.0, max_attempts=1)  # out of attempts: dropped with an error
+    assert audit.pending == 2

@@ -155,7 +155,13 @@ class CommitAudit:
                     break
                 try:
                     m = await reader.read_next(timeout_millis=int(min(left, 1.0) * 1000))
-                except (CorruptMessage, Timeout):
+                except Timeout:
+                    continue
+                except CorruptMessage as exc:
+                    # Unreadable, but there: never taken for a record the broker rolled back.
+                    if isinstance(exc.message_id, MessageId):
+                        reached = position(exc.message_id)
+                        present.add(reached)
                     continue
                 pos = position(m.message_id())
                 reached = pos
