@@ -406,6 +406,7 @@ def _as_items(out: list[tuple[pb.SingleMessageMetadata, bytes]]) -> list[tuple]:
             smm.partition_key if smm.HasField("partition_key") else None,
             [(kv.key, kv.value) for kv in smm.properties] or None,
             smm.compacted_out,
+            smm.ordering_key if smm.HasField("ordering_key") else None,
         )
         for smm, payload in out
     ]
@@ -477,13 +478,13 @@ def test_split_batch_matches_decode_batch_on_mutated_batches(batch: tuple[bytes,
 
 def test_split_batch_reads_every_field() -> None:
     smm = pb.SingleMessageMetadata(payload_size=3, sequence_id=2**40, event_time=7, partition_key="k\u00e9",
-                                   compacted_out=True)
+                                   compacted_out=True, ordering_key=b"o\xff")
     smm.properties.add(key="a", value="b")
     plain = pb.SingleMessageMetadata(payload_size=2, sequence_id=300)
     data = encode_entry(smm, b"abc") + encode_entry(plain, b"xy")
     assert split_batch(data, 2) == [
-        (b"abc", 2**40, 7, "k\u00e9", [("a", "b")], True),
-        (b"xy", 300, 0, None, None, False),
+        (b"abc", 2**40, 7, "k\u00e9", [("a", "b")], True, b"o\xff"),
+        (b"xy", 300, 0, None, None, False, None),
     ]
 
 

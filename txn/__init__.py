@@ -41,7 +41,7 @@ from .errors import (
     TransactionTimedOut,
 )
 from .message import EARLIEST, LATEST, Message, MessageId, TxnID
-from .producer import AsyncProducer, ProducerAccessMode
+from .producer import AsyncProducer, HashingScheme, ProducerAccessMode
 from .protocol import CompressionType
 from .reader import AsyncReader
 from .sync import Client, Consumer, Producer, Reader, Transaction
@@ -71,6 +71,7 @@ __all__ = [
     "ConsumerType",
     "CoordinatorNotFound",
     "CorruptMessage",
+    "HashingScheme",
     "InitialPosition",
     "InvalidTopicName",
     "InvalidTxnStatus",

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from typing import Any
 
+from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
@@ -19,7 +20,7 @@ from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
 from .message import MessageId, TxnID
 from .pool import MAX_PARTITIONS, ConnectionPool
-from .producer import AsyncProducer, ProducerAccessMode, ProducerConfig
+from .producer import AsyncProducer, HashingScheme, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
 from .reader import AsyncReader, create_reader
 from .topic import parse_topic
@@ -54,6 +55,13 @@ class AsyncClient:
         max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
         max_uncompressed_message_size: int | None = None,
     ) -> None:
+        check_type(str, service_url, "service_url")
+        check_type_or_none(Authentication, authentication, "authentication")
+        check_type(NUMBER, operation_timeout_seconds, "operation_timeout_seconds")
+        check_type(NUMBER, connection_timeout_ms, "connection_timeout_ms")
+        check_type_or_none(str, tls_trust_certs_file_path, "tls_trust_certs_file_path")
+        check_type(bool, tls_allow_insecure_connection, "tls_allow_insecure_connection")
+        check_type(bool, tls_validate_hostname, "tls_validate_hostname")
         for name, value in (("max_partitions", max_partitions), ("max_message_size_ceiling", max_message_size_ceiling),
                             ("max_uncompressed_message_size", max_uncompressed_message_size)):
             if value is not None and value <= 0:
@@ -142,9 +150,27 @@ class AsyncClient:
         batching_max_publish_delay_ms: int = 10,
         properties: dict[str, str] | None = None,
         access_mode: ProducerAccessMode = ProducerAccessMode.Shared,
+        hashing_scheme: HashingScheme = HashingScheme.BoostHash,
     ) -> AsyncProducer:
-        """Create a producer; raises the broker's typed error if it refuses."""
+        """Create a producer; raises the broker's typed error if it refuses.
+
+        Arguments of the wrong type raise ``ValueError``, as in the official client. Keyed
+        messages go to partition ``hash(key) % partitions`` by ``hashing_scheme`` (our own
+        option; the default is the official Python client's hash, ``JavaStringHash`` is the Java
+        client's: see :mod:`txn.producer.routing`)."""
         self._check()
+        check_type(str, topic, "topic")
+        check_type_or_none(str, producer_name, "producer_name")
+        check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
+        for arg, value in (("send_timeout_millis", send_timeout_millis), ("max_pending_messages", max_pending_messages),
+                           ("max_pending_messages_across_partitions", max_pending_messages_across_partitions),
+                           ("batching_max_messages", batching_max_messages),
+                           ("batching_max_allowed_size_in_bytes", batching_max_allowed_size_in_bytes),
+                           ("batching_max_publish_delay_ms", batching_max_publish_delay_ms)):
+            check_type(int, value, arg)
+        for arg, value in (("block_if_queue_full", block_if_queue_full), ("batching_enabled", batching_enabled)):
+            check_type(bool, value, arg)
+        check_type_or_none(dict, properties, "properties")
         name = str(parse_topic(topic))
         if max_pending_messages <= 0:
             raise ValueError("max_pending_messages must be positive (the window is always bounded)")
@@ -162,6 +188,7 @@ class AsyncClient:
             batching_max_publish_delay_ms=batching_max_publish_delay_ms,
             properties=dict(properties or {}),
             access_mode=ProducerAccessMode(access_mode),
+            hashing_scheme=HashingScheme(hashing_scheme),
         )
         p = AsyncProducer(self._ctx, name, conf)
         await p.start()
@@ -181,8 +208,17 @@ class AsyncClient:
         properties: dict[str, str] | None = None,
         ack_grouping_time_ms: int = 100,
     ) -> AsyncConsumer:
-        """Subscribe to one topic or a list of topics."""
+        """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``)."""
         self._check()
+        check_type((str, list), topic, "topic")
+        check_type(str, subscription_name, "subscription_name")
+        check_type_or_none(str, consumer_name, "consumer_name")
+        for arg, value in (("receiver_queue_size", receiver_queue_size),
+                           ("max_total_receiver_queue_size_across_partitions",
+                            max_total_receiver_queue_size_across_partitions),
+                           ("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms)):
+            check_type(int, value, arg)
+        check_type_or_none(dict, properties, "properties")
         topics = [topic] if isinstance(topic, str) else list(topic)
         if not topics:
             raise ValueError("subscribe needs at least one topic")
@@ -217,6 +253,11 @@ class AsyncClient:
     ) -> AsyncReader:
         """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id)."""
         self._check()
+        check_type(str, topic, "topic")
+        check_type(MessageId, start_message_id, "start_message_id")
+        check_type(int, receiver_queue_size, "receiver_queue_size")
+        check_type_or_none(str, reader_name, "reader_name")
+        check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
                                    reader_name)
 

@@ -201,6 +201,7 @@ class Message:
         "_redelivery",
         "_producer",
         "_sequence_id",
+        "_ordering_key",
         "consumer",
     )
 
@@ -217,6 +218,7 @@ class Message:
         producer_name: str,
         sequence_id: int,
         consumer: ConsumerRef | None = None,
+        ordering_key: bytes | None = None,
     ) -> None:
         self._data = data
         self._properties = properties
@@ -228,6 +230,7 @@ class Message:
         self._redelivery = redelivery_count
         self._producer = producer_name
         self._sequence_id = sequence_id
+        self._ordering_key = ordering_key
         #: The :class:`ConsumerRef` that received this message (None for a message built elsewhere).
         self.consumer = consumer
 
@@ -260,8 +263,12 @@ class Message:
         return self._key is not None
 
     def ordering_key(self) -> str:
-        """Alias of :meth:`partition_key`."""
-        return self._key or ""
+        """The ordering key (``""`` if none was set), as in the official client; not the partition key.
+
+        The wire field is bytes: a key that is not UTF-8 comes back with its bytes kept as
+        surrogate escapes (``key.encode("utf-8", "surrogateescape")`` gives them back)."""
+        okey = self._ordering_key
+        return okey.decode("utf-8", "surrogateescape") if okey else ""
 
     def publish_timestamp(self) -> int:
         """Broker publish time, ms since the epoch."""
@@ -316,9 +323,10 @@ class ReceivedMessage(Message):
         sequence_id: int,
         consumer: ConsumerRef | None,
         txn: TxnID | None = None,
+        ordering_key: bytes | None = None,
     ) -> None:
         Message.__init__(self, data, properties, None, topic, partition_key, publish_timestamp,  # type: ignore[arg-type]
-                         event_timestamp, redelivery_count, producer_name, sequence_id, consumer)
+                         event_timestamp, redelivery_count, producer_name, sequence_id, consumer, ordering_key)
         self.entry = entry
         self.batch_index = index
         self._txn = txn

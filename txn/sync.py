@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .args import NUMBER, check_send, check_type_or_none
 from .auth import Authentication
 from .bridge import LoopThread
 from .client import AsyncClient
@@ -102,18 +103,25 @@ class Producer:
         content: bytes,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
-        event_timestamp: int | None = None,
+        ordering_key: str | None = None,
         sequence_id: int | None = None,
+        *,
+        event_timestamp: int | None = None,
         txn: Transaction | None = None,
     ) -> MessageId:
-        """Send and block until the broker confirms; returns the :class:`MessageId`."""
+        """Send and block until the broker confirms; returns the :class:`MessageId`.
+
+        The message arguments come in the official ``send``'s order (``event_timestamp`` and
+        ``txn`` by keyword); bad types raise ``ValueError`` as there. An open batch goes out at
+        once, as the official blocking ``send`` flushes it."""
         return self._lt.run(
-            self._inner.send(
+            self._inner.send_now(
                 content,
                 properties=properties,
                 partition_key=partition_key,
-                event_timestamp=event_timestamp,
+                ordering_key=ordering_key,
                 sequence_id=sequence_id,
+                event_timestamp=event_timestamp,
                 txn=txn.async_transaction if txn is not None else None,
             )
         )
@@ -124,15 +132,18 @@ class Producer:
         callback: Callable[[Result, MessageId | None], Any] | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
-        event_timestamp: int | None = None,
+        ordering_key: str | None = None,
         sequence_id: int | None = None,
+        *,
+        event_timestamp: int | None = None,
         txn: Transaction | None = None,
     ) -> None:
         """Queue a message; ``callback(result, message_id)`` runs on the client's thread.
 
-        Blocks while the pending window is full if ``block_if_queue_full`` was set,
-        otherwise raises :class:`ProducerQueueIsFull`.
+        Arguments as in :meth:`send`. Blocks while the pending window is full if
+        ``block_if_queue_full`` was set, otherwise raises :class:`ProducerQueueIsFull`.
         """
+        check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         self._inner.check_content(content)
         if txn is not None:
             t = txn.async_transaction
@@ -140,7 +151,8 @@ class Producer:
 
             async def go() -> None:
                 fut = await self._inner.send_async(
-                    content, callback, properties, partition_key, event_timestamp, sequence_id, t
+                    content, callback, properties, partition_key, ordering_key, sequence_id,
+                    event_timestamp=event_timestamp, txn=t,
                 )
                 del fut
 
@@ -148,7 +160,7 @@ class Producer:
             return
         if not self._slots.acquire(blocking=self._inner.conf.block_if_queue_full):
             raise ProducerQueueIsFull("pending window is full", topic=self._inner.topic())
-        self._inbox.append((content, callback, properties, partition_key, event_timestamp, sequence_id))
+        self._inbox.append((content, callback, properties, partition_key, event_timestamp, sequence_id, ordering_key))
         with self._lock:
             if self._drain_scheduled:
                 return
@@ -160,16 +172,16 @@ class Producer:
             self._drain_scheduled = False
         inner = self._inner
         while self._inbox:
-            content, cb, props, key, ts, seq = self._inbox.popleft()
+            content, cb, props, key, ts, seq, okey = self._inbox.popleft()
             try:
-                fut = inner.send_nowait(content, props, key, ts, seq, block=True)
+                fut = inner.send_nowait(content, props, key, ts, seq, block=True, ordering_key=okey)
             except PulsarError as exc:
                 self._slots.release()
                 if cb is not None:
                     _call_cb(cb, exc.result, None)
                 continue
             if fut is None:  # window full in the core: retry when room frees up
-                self._inbox.appendleft((content, cb, props, key, ts, seq))
+                self._inbox.appendleft((content, cb, props, key, ts, seq, okey))
                 asyncio.ensure_future(self._wait_and_drain())
                 with self._lock:
                     self._drain_scheduled = True
@@ -239,6 +251,7 @@ class Consumer:
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
+        check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
         self._inner.check_open()
         return self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
 

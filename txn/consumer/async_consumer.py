@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Generator
+from typing import TYPE_CHECKING, Any
 
+from ..args import NUMBER, check_type_or_none
 from ..backoff import Backoff
 from ..context import ClientContext
 from ..errors import AlreadyClosed, PulsarError
@@ -21,6 +22,25 @@ if TYPE_CHECKING:
     from ..transaction import AsyncTransaction
 
 log = logging.getLogger("txn.consumer")
+
+
+class Done:
+    """What a call that has already taken effect returns: awaiting it gives None at once.
+
+    ``pulsar.asyncio`` makes some calls coroutines that ours completes on the spot; returning
+    this lets code written for either style work: ``await consumer.negative_acknowledge(m)`` as
+    there, or a plain call (nothing is left un-awaited)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from ()
+
+    def __repr__(self) -> str:
+        return "<done>"
+
+
+DONE = Done()
 
 
 class AsyncConsumer:
@@ -198,6 +218,7 @@ class AsyncConsumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
+        check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
         self.check_open()
         return await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
 
@@ -298,11 +319,14 @@ class AsyncConsumer:
             commands.extend((sub, whole[i:i + n]) for i in range(0, len(whole), n))
         await asyncio.gather(*(self._txn_ack(sub, mids, txn, False) for sub, mids in commands))
 
-    def negative_acknowledge(self, message_or_id: Message | MessageId) -> None:
-        """Redeliver this message after ``negative_ack_redelivery_delay_ms``."""
+    def negative_acknowledge(self, message_or_id: Message | MessageId) -> Done:
+        """Redeliver this message after ``negative_ack_redelivery_delay_ms``.
+
+        Takes effect at once; the result may be awaited, as ``pulsar.asyncio``'s coroutine is."""
         self.check_open()
         sub, mid = self._sub_for(message_or_id)
         sub.nack(mid)
+        return DONE
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Ask the broker to redeliver every unacknowledged message now."""
@@ -311,8 +335,8 @@ class AsyncConsumer:
             s.redeliver(None)
 
     def is_connected(self) -> bool:
-        """True when every topic/partition has a live subscription."""
-        return all(s.ready.is_set() for s in self.topic_consumers)
+        """True when every topic/partition has a live subscription (False once closed)."""
+        return not self._closed and all(s.ready.is_set() for s in self.topic_consumers)
 
     async def close(self) -> None:
         """Flush acks and close. Further calls raise :class:`AlreadyClosed`."""

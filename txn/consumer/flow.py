@@ -133,10 +133,11 @@ class MessageFlow:
         txn = TxnID(meta.txnid_most_bits, meta.txnid_least_bits) if meta.HasField("txnid_least_bits") else None
         if not batched:
             key = meta.partition_key if meta.HasField("partition_key") else None
+            okey = meta.ordering_key if meta.HasField("ordering_key") else None
             entry = (mid.ledgerId, mid.entryId, self.partition, 0)
             return [
                 ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
-                                producer, meta.sequence_id, self, txn)
+                                producer, meta.sequence_id, self, txn, okey)
             ]
         entry = (mid.ledgerId, mid.entryId, self.partition, n)
         out: list[ReceivedMessage] = []
@@ -144,7 +145,7 @@ class MessageFlow:
         ack_set = cmd.ack_set
         base_seq = meta.sequence_id
         i = -1
-        for data, seq, ev, key, own_props, compacted in split_batch(payload, n):
+        for data, seq, ev, key, own_props, compacted, okey in split_batch(payload, n):
             i += 1
             if compacted or (ack_set and _is_acked(ack_set, i)):
                 continue
@@ -157,6 +158,6 @@ class MessageFlow:
                 p = dict(own_props)
             append(
                 ReceivedMessage(data, p, entry, i, topic, key, publish_time, ev or event_time, redeliveries, producer,
-                                base_seq + i if seq is None else seq, self, txn)
+                                base_seq + i if seq is None else seq, self, txn, okey)
             )
         return out

@@ -75,7 +75,7 @@ class BatchScope:
         """Write an informative record (STARTED, ABORTED) outside any transaction; a failure is
         logged and returns None: the batch's outcome never depends on these."""
         try:
-            return await self.ledger.send(rec.to_json(), partition_key=rec.batch_id)
+            return await self.ledger.send_now(rec.to_json(), partition_key=rec.batch_id)
         except PulsarError as exc:
             log.warning("ledger record %s for %s not written: %s", rec.kind, rec.batch_id, exc)
             return None

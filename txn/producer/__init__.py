@@ -12,15 +12,17 @@ The package, split the way aiokafka splits its producer (one module per concern)
 - :mod:`.sender`: the producer on the broker - create, reconnect and resend, receipts, send
   errors, send timeouts, close;
 - :mod:`.partition`: :class:`PartitionProducer`, one partition, assembled from the two;
-- :mod:`.async_producer`: :class:`AsyncProducer`, the public face that routes to the partitions.
+- :mod:`.async_producer`: :class:`AsyncProducer`, the public face that routes to the partitions;
+- :mod:`.routing`: the partition hashes of keyed messages (:class:`HashingScheme`).
 
 Every name is re-exported here, so ``from txn.producer import ...`` works as before.
 """
 
 from .accumulator import Accumulator, _Batch, _Op
-from .async_producer import AsyncProducer, java_string_hash, log, run_callback
+from .async_producer import AsyncProducer, log, run_callback
 from .config import _NO_TXN, BatchEntry, ProducerAccessMode, ProducerConfig, _kv
 from .partition import PartitionProducer
+from .routing import HashingScheme, boost_hash, java_string_hash, murmur3_32_hash
 from .sender import Sender, T
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "Accumulator",
     "AsyncProducer",
     "BatchEntry",
+    "HashingScheme",
     "PartitionProducer",
     "ProducerAccessMode",
     "ProducerConfig",
@@ -36,7 +39,9 @@ __all__ = [
     "_Batch",
     "_Op",
     "_kv",
+    "boost_hash",
     "java_string_hash",
     "log",
+    "murmur3_32_hash",
     "run_callback",
 ]

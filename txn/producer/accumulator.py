@@ -113,6 +113,7 @@ class Accumulator:
         event_timestamp: int | None,
         sequence_id: int | None,
         txn: TxnID,
+        ordering_key: bytes | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future resolved with its id on receipt.
 
@@ -139,6 +140,8 @@ class Accumulator:
             )
             if partition_key is not None:
                 meta.partition_key = partition_key
+            if ordering_key is not None:
+                meta.ordering_key = ordering_key
             if event_timestamp:
                 meta.event_time = event_timestamp
             self._push(seq, seq, meta, content, [fut], False, txn)
@@ -146,6 +149,8 @@ class Accumulator:
         smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=seq, properties=_kv(properties))
         if partition_key is not None:
             smm.partition_key = partition_key
+        if ordering_key is not None:
+            smm.ordering_key = ordering_key
         if event_timestamp:
             smm.event_time = event_timestamp
         entry = encode_entry(smm, content)

@@ -8,25 +8,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..args import check_send
 from ..context import ClientContext
 from ..errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
 from ..message import MessageId, TxnID
 from .config import _NO_TXN, BatchEntry, ProducerConfig
 from .partition import PartitionProducer
+from .routing import hash_function
 
 if TYPE_CHECKING:
     from ..transaction import AsyncTransaction
 
 log = logging.getLogger("txn.producer")
-
-
-def java_string_hash(s: str) -> int:
-    """The partition hash of a key, as the Java client computes it (``String.hashCode``, made
-    non-negative): a keyed message goes to partition ``java_string_hash(key) % partitions``."""
-    h = 0
-    for ch in s.encode("utf-16-be").decode("utf-16-be"):
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
-    return h & 0x7FFFFFFF
 
 
 class AsyncProducer:
@@ -39,6 +32,7 @@ class AsyncProducer:
         self._parts: list[PartitionProducer] = []
         self._closed = False
         self._rr = 0
+        self._hash = hash_function(conf.hashing_scheme)
 
     async def start(self) -> None:
         """Create the producer on every partition (the client calls it; raises the broker's error)."""
@@ -88,7 +82,7 @@ class AsyncProducer:
         if len(parts) == 1:
             return parts[0]
         if partition_key:
-            return parts[java_string_hash(partition_key) % len(parts)]
+            return parts[self._hash(partition_key) % len(parts)]
         if self.conf.batching_enabled:
             slot = int(time.monotonic() * 1000 / max(self.conf.batching_max_publish_delay_ms, 1))
             return parts[slot % len(parts)]
@@ -111,20 +105,25 @@ class AsyncProducer:
         callback: Callable[[Result, MessageId | None], Any] | None = None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
-        event_timestamp: int | None = None,
+        ordering_key: str | None = None,
         sequence_id: int | None = None,
+        *,
+        event_timestamp: int | None = None,
         txn: AsyncTransaction | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message; returns a future of its :class:`MessageId`.
 
-        Awaits for room in the pending window when ``block_if_queue_full`` is set,
-        otherwise raises :class:`ProducerQueueIsFull` when it is full.
+        The message arguments come in the official ``send``'s order; bad types raise
+        ``ValueError`` before anything is queued. Awaits for room in the pending window when
+        ``block_if_queue_full`` is set, otherwise raises :class:`ProducerQueueIsFull` when it is full.
         """
+        check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         data = self.check_content(content)
         part = self._route(partition_key)
         part.check_usable()
         tid = await self._admit(part, txn)
-        fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid)
+        fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid,
+                           None if ordering_key is None else ordering_key.encode())
         if txn is not None:
             txn.add_op(fut)
         if callback is not None:
@@ -186,32 +185,66 @@ class AsyncProducer:
         event_timestamp: int | None = None,
         sequence_id: int | None = None,
         block: bool = True,
+        ordering_key: str | None = None,
     ) -> asyncio.Future[MessageId] | None:
         """Queue a non-transactional message without awaiting; ``None`` if the window is full."""
+        check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         data = self.check_content(content)
         part = self._route(partition_key)
         if not part.has_space():
             if block:
                 return None
             raise ProducerQueueIsFull("pending window is full", topic=part.topic)
-        return part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, _NO_TXN)
+        return part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, _NO_TXN,
+                            None if ordering_key is None else ordering_key.encode())
 
     async def send(
         self,
         content: bytes,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
-        event_timestamp: int | None = None,
+        ordering_key: str | None = None,
         sequence_id: int | None = None,
+        *,
+        event_timestamp: int | None = None,
         txn: AsyncTransaction | None = None,
     ) -> MessageId:
-        """Send a message and wait for the broker's receipt."""
+        """Send a message and wait for the broker's receipt (arguments as in :meth:`send_async`).
+
+        With batching on, the message waits for its batch as in ``pulsar.asyncio``: up to
+        ``batching_max_publish_delay_ms``, so concurrent sends share a batch. :meth:`send_now`
+        sends at once."""
         fut = await self.send_async(
             content,
             properties=properties,
             partition_key=partition_key,
-            event_timestamp=event_timestamp,
+            ordering_key=ordering_key,
             sequence_id=sequence_id,
+            event_timestamp=event_timestamp,
+            txn=txn,
+        )
+        return await fut
+
+    async def send_now(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        ordering_key: str | None = None,
+        sequence_id: int | None = None,
+        *,
+        event_timestamp: int | None = None,
+        txn: AsyncTransaction | None = None,
+    ) -> MessageId:
+        """:meth:`send`, but the open batch goes out at once rather than after the publish delay
+        (what the blocking ``Producer.send`` does, as the official client's)."""
+        fut = await self.send_async(
+            content,
+            properties=properties,
+            partition_key=partition_key,
+            ordering_key=ordering_key,
+            sequence_id=sequence_id,
+            event_timestamp=event_timestamp,
             txn=txn,
         )
         if self.conf.batching_enabled:
@@ -249,8 +282,8 @@ class AsyncProducer:
         return [p.topic for p in self._parts]
 
     def is_connected(self) -> bool:
-        """True when every partition has a live broker connection."""
-        return all(p.ready for p in self._parts)
+        """True when every partition has a live broker connection (False once closed)."""
+        return not self._closed and all(p.ready for p in self._parts)
 
 
 def run_callback(callback: Callable[[Result, MessageId | None], Any], fut: asyncio.Future[MessageId]) -> None:

@@ -7,6 +7,7 @@ from enum import IntEnum
 
 from ..message import TxnID
 from ..protocol import CompressionType, pb
+from .routing import HashingScheme
 
 _NO_TXN = TxnID(-1, -1)
 
@@ -42,6 +43,7 @@ class ProducerConfig:
     batching_max_publish_delay_ms: int = 10
     properties: dict[str, str] = field(default_factory=dict)
     access_mode: ProducerAccessMode = ProducerAccessMode.Shared
+    hashing_scheme: HashingScheme = HashingScheme.BoostHash
 
 
 def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:

@@ -53,9 +53,9 @@ def decode_batch(data: bytes, count: int) -> list[tuple[pb.SingleMessageMetadata
     return out
 
 
-#: One message of a batch as the consumer needs it:
-#: ``(payload, sequence_id or None, event_time, partition_key or None, properties or None, compacted_out)``.
-BatchItem = tuple[bytes, "int | None", int, "str | None", "list[tuple[str, str]] | None", bool]
+#: One message of a batch as the consumer needs it: ``(payload, sequence_id or None, event_time,
+#: partition_key or None, properties or None, compacted_out, ordering_key or None)``.
+BatchItem = tuple[bytes, "int | None", int, "str | None", "list[tuple[str, str]] | None", bool, "bytes | None"]
 
 _INT32_SIGN = 1 << 31
 _U32_WRAP = 1 << 32
@@ -136,18 +136,18 @@ def split_batch(data: bytes, count: int) -> list[BatchItem]:
                 p = -1
                 break
         if p != end or psize == -1:
-            psize, seq, event_time, key, props, compacted = _slow_smm(data, pos + 4, end, i)
+            psize, seq, event_time, key, props, compacted, okey = _slow_smm(data, pos + 4, end, i)
         else:
-            props = None
+            props = okey = None
         if psize < 0 or psize > n - end:
             raise ProtocolError(f"batch message {i} payload overruns the batch")
         pos = end + psize
-        append((data[end:pos], seq, event_time, key, props, compacted))
+        append((data[end:pos], seq, event_time, key, props, compacted, okey))
     return out
 
 
 def _slow_smm(data: bytes, pos: int, end: int, i: int) -> tuple[int, int | None, int, str | None,
-                                                                 list[tuple[str, str]] | None, bool]:
+                                                                 list[tuple[str, str]] | None, bool, bytes | None]:
     smm = pb.SingleMessageMetadata()
     try:
         smm.ParseFromString(data[pos:end])
@@ -163,4 +163,5 @@ def _slow_smm(data: bytes, pos: int, end: int, i: int) -> tuple[int, int | None,
         smm.partition_key if smm.HasField("partition_key") else None,
         props,
         smm.compacted_out,
+        smm.ordering_key if smm.HasField("ordering_key") else None,
     )

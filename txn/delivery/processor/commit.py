@@ -168,7 +168,7 @@ class CommitPipeline:
             # guard reads again from an earlier one (or the ledger's start).
             marks = await mark_deletes(self._consumer) if self._checkpoints is not None else None
             await guard.ensure_running(marks, checkpoints=self._checkpoints is not None)
-            mid = await self._ledger.send(rec.to_json(), partition_key=batch_id)
+            mid = await self._ledger.send_now(rec.to_json(), partition_key=batch_id)
             await guard.wait_past(mid, timeout_ms / 1000)
         except (PulsarError, TimeoutError) as exc:
             raise _Transient(exc) from exc
