@@ -174,6 +174,31 @@ class PayloadTooLarge(CorruptMessage):
     reason = "size"
 
 
+class MessageChunk(CorruptMessage):
+    """One chunk of a message that its producer split into chunks (``chunking_enabled``).
+
+    ``txn`` does not reassemble chunks: rather than hand a fragment over as if it were the
+    message, each chunk's entry raises this at its place, like a corrupt message (left
+    unacknowledged; acknowledge ``message_id`` to drop it). The official client reassembles them.
+    """
+
+    reason = "chunk"
+    result = Result.OperationNotSupported
+
+
+class EncryptedMessage(CorruptMessage):
+    """A message whose payload is encrypted (its metadata carries encryption keys).
+
+    ``txn`` cannot decrypt: rather than hand ciphertext over as the payload, ``receive()`` raises
+    this at the message's place (left unacknowledged; acknowledge ``message_id`` to drop it). The
+    official client's default (``ConsumerCryptoFailureAction.FAIL``, without a key reader)
+    does not deliver such a message either, but says nothing to the application.
+    """
+
+    reason = "encrypted"
+    result = Result.CryptoError
+
+
 class TooManyPartitions(PulsarError):
     """The broker reported more partitions for a topic than the client's ``max_partitions``."""
 

@@ -6,7 +6,16 @@ import logging
 from typing import Any
 
 from ..connection import Connection, command
-from ..errors import ChecksumMismatch, ConnectError, CorruptMessage, PayloadTooLarge, ProtocolError, SizeLimitExceeded
+from ..errors import (
+    ChecksumMismatch,
+    ConnectError,
+    CorruptMessage,
+    EncryptedMessage,
+    MessageChunk,
+    PayloadTooLarge,
+    ProtocolError,
+    SizeLimitExceeded,
+)
 from ..message import MessageId, ReceivedMessage, TxnID, signed64
 from ..protocol import Frame, decompress, pb, split_batch
 from .parent import ConsumerParent
@@ -94,6 +103,13 @@ class MessageFlow:
             return
         if meta.HasField("marker_type"):
             self._skip(charged)
+            return
+        if len(meta.encryption_keys):
+            self._reject(EncryptedMessage, "encrypted payload (txn cannot decrypt it)", mid, charged)
+            return
+        if meta.num_chunks_from_msg > 1:
+            self._reject(MessageChunk, f"chunk {meta.chunk_id + 1} of {meta.num_chunks_from_msg} of message "
+                         f"{meta.uuid!r} (txn does not reassemble chunked messages)", mid, charged)
             return
         try:
             if n < 1:
