@@ -4,7 +4,13 @@
 they overlap the official ``pulsar-client`` API, names and parameters match.
 """
 
-from .auth import Authentication, AuthenticationToken
+from .auth import (
+    Authentication,
+    AuthenticationBasic,
+    AuthenticationOauth2,
+    AuthenticationTLS,
+    AuthenticationToken,
+)
 from .client import AsyncClient
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
 from .errors import (
@@ -60,7 +66,10 @@ __all__ = [
     "AsyncReader",
     "AsyncTransaction",
     "Authentication",
+    "AuthenticationBasic",
     "AuthenticationError",
+    "AuthenticationOauth2",
+    "AuthenticationTLS",
     "AuthenticationToken",
     "AuthorizationError",
     "BrokerError",

@@ -9,7 +9,12 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .errors import PulsarError
+
+if TYPE_CHECKING:
+    from .auth import Authentication
 
 __all__ = [
     "AdminError",
@@ -37,19 +42,26 @@ def admin_request(
     path: str,
     body: Any = None,
     timeout: float = 10.0,
-    token: str | None = None,
+    token: str | Authentication | None = None,
     context: ssl.SSLContext | None = None,
 ) -> tuple[int, Any]:
     """Call the admin REST API; return ``(status, parsed JSON or text)``.
 
-    ``token`` is sent as a bearer token; ``context`` verifies an ``https://`` admin URL. HTTP
-    error statuses are returned, not raised; connection failures raise OSError.
+    ``token`` is sent as a bearer token, or is an :class:`~txn.auth.Authentication` whose HTTP
+    headers are sent (asked for at each request, so a refreshed OAuth2 token is used);
+    ``context`` verifies an ``https://`` admin URL (and may hold a client certificate). HTTP
+    error statuses are returned, not raised; connection failures (and credentials that cannot be
+    had) raise OSError.
     """
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(admin_url.rstrip("/") + path, data=data, method=method)
     req.add_header("Accept", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
+    if isinstance(token, str):
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+    elif token is not None:
+        for name, value in _auth_headers(token).items():
+            req.add_header(name, value)
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -64,6 +76,16 @@ def admin_request(
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+def _auth_headers(auth: Authentication) -> dict[str, str]:
+    """``auth``'s HTTP headers; credentials that cannot be had raise an OSError, as an unreachable
+    admin API does (ConnectionError if trying again may help, else PermissionError)."""
+    try:
+        return auth.http_headers()
+    except PulsarError as exc:
+        kind = ConnectionError if exc.retriable else PermissionError
+        raise kind(f"no credentials for the admin API: {exc}") from exc
 
 
 def expect(status_body: tuple[int, Any], method: str, path: str, ok: tuple[int, ...] = (200, 204)) -> Any:

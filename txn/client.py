@@ -39,6 +39,10 @@ class AsyncClient:
     - ``max_uncompressed_message_size``: the most a compressed entry may decompress to
       (default: the broker's ``max_message_size``); a larger one is reported by ``receive()``
       as :class:`~txn.errors.PayloadTooLarge`.
+
+    ``tls_certificate_file_path`` / ``tls_private_key_file_path``: a client certificate presented
+    in TLS handshakes (mutual TLS), whatever ``authentication`` is; with
+    :class:`~txn.auth.AuthenticationTLS` its own files are used when these are not given.
     """
 
     def __init__(
@@ -54,6 +58,8 @@ class AsyncClient:
         max_partitions: int = MAX_PARTITIONS,
         max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
         max_uncompressed_message_size: int | None = None,
+        tls_private_key_file_path: str | None = None,
+        tls_certificate_file_path: str | None = None,
     ) -> None:
         check_type(str, service_url, "service_url")
         check_type_or_none(Authentication, authentication, "authentication")
@@ -76,6 +82,8 @@ class AsyncClient:
             tls_trust_certs_file_path=tls_trust_certs_file_path,
             tls_allow_insecure_connection=tls_allow_insecure_connection,
             tls_validate_hostname=tls_validate_hostname,
+            tls_certificate_file_path=tls_certificate_file_path,
+            tls_private_key_file_path=tls_private_key_file_path,
             max_partitions=max_partitions,
             max_message_size_ceiling=max_message_size_ceiling,
             max_uncompressed_message_size=max_uncompressed_message_size,

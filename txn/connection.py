@@ -155,6 +155,11 @@ class Connection(asyncio.Protocol):
         self._keepalive: asyncio.Task[None] | None = None
         self._write_paused: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The credentials this connection last presented (CONNECT or AUTH_RESPONSE).
+        self._auth_sent: bytes | None = None
+        self._challenge_task: asyncio.Task[None] | None = None
+        #: AUTH_CHALLENGEs answered (diagnostics and tests).
+        self.auth_challenges = 0
 
     # ------------------------------------------------------------------ opening
 
@@ -163,6 +168,9 @@ class Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._connected = loop.create_future()
+        # Credentials first: an OAuth2 token may need an HTTP round trip to the issuer, and a
+        # failure there (AuthenticationError) should not leave a half-open connection behind.
+        auth_data = await self._auth.auth_data_async() if self._auth is not None else b""
         try:
             await asyncio.wait_for(
                 loop.create_connection(
@@ -188,7 +196,8 @@ class Connection(asyncio.Protocol):
         }
         if self._auth is not None:
             connect_fields["auth_method_name"] = self._auth.method_name
-            connect_fields["auth_data"] = self._auth.auth_data()
+            connect_fields["auth_data"] = auth_data
+            self._auth_sent = auth_data
         if self._proxy_to:
             connect_fields["proxy_to_broker_url"] = self._proxy_to
         self._write(encode_command(command(T.CONNECT, **connect_fields)))
@@ -337,7 +346,7 @@ class Connection(asyncio.Protocol):
             if c is not None:
                 c.on_end_of_topic()
         elif t == T.AUTH_CHALLENGE:
-            self._answer_challenge()
+            self._challenge_task = asyncio.get_running_loop().create_task(self._answer_challenge())
         else:
             log.debug("ignoring command %s from %s", pb.BaseCommand.Type.Name(t), self.address)
 
@@ -349,8 +358,27 @@ class Connection(asyncio.Protocol):
             )
         return from_server_error(name, f"handshake with {self.address} failed: {err.message}")
 
-    def _answer_challenge(self) -> None:
-        data = self._auth.auth_data() if self._auth else b""
+    async def _answer_challenge(self) -> None:
+        """Answer AUTH_CHALLENGE with fresh credentials.
+
+        A broker challenges when the credentials of the connection have expired (token
+        authentication checks every ``authenticationRefreshCheckSeconds``), so the provider is
+        told what this connection sent: OAuth2 then fetches a new token unless it already holds a
+        newer one. If no credentials can be had, the connection is closed with the error (the
+        broker would close it anyway) and its users reconnect.
+        """
+        try:
+            data = await self._auth.auth_data_async(stale=self._auth_sent) if self._auth else b""
+        except Exception as exc:  # noqa: BLE001 - any provider failure ends this connection
+            err = exc if isinstance(exc, PulsarError) else AuthenticationError(
+                f"cannot answer the authentication challenge of {self.address}: {type(exc).__name__}: {exc}")
+            log.warning("%s challenged our credentials and none could be had: %s; closing", self.address, err)
+            self.close(err)
+            return
+        if self.closed:
+            return
+        self._auth_sent = data
+        self.auth_challenges += 1
         method = self._auth.method_name if self._auth else "none"
         resp = pb.AuthData(auth_method_name=method, auth_data=data)
         self._write(

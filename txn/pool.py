@@ -50,6 +50,27 @@ def parse_service_url(url: str) -> list[BrokerAddress]:
     return out
 
 
+def client_certificate(auth: Authentication | None, certificate_path: str | None,
+                       private_key_path: str | None) -> tuple[str, str] | None:
+    """The ``(certificate, key)`` files to present in TLS handshakes: the client's own, else the
+    ones of :class:`~txn.auth.AuthenticationTLS`. ``ValueError`` if only one file is given."""
+    if (certificate_path is None) != (private_key_path is None):
+        raise ValueError("tls_certificate_file_path and tls_private_key_file_path go together: give both or neither")
+    if certificate_path is not None and private_key_path is not None:
+        return certificate_path, private_key_path
+    return auth.tls_client_files() if auth is not None else None
+
+
+def load_client_certificate(ctx: ssl.SSLContext, certificate_path: str, private_key_path: str) -> None:
+    """Load a client certificate and its key into ``ctx``; ``ValueError`` naming the files if they
+    cannot be read or do not match."""
+    try:
+        ctx.load_cert_chain(certificate_path, private_key_path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the TLS client certificate {certificate_path} with key {private_key_path}: "
+                         f"{exc}") from None
+
+
 class ConnectionPool:
     """One connection per broker URL, shared by producers, consumers and coordinators."""
 
@@ -64,6 +85,8 @@ class ConnectionPool:
         tls_trust_certs_file_path: str | None = None,
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
+        tls_certificate_file_path: str | None = None,
+        tls_private_key_file_path: str | None = None,
         max_partitions: int = MAX_PARTITIONS,
         max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
         max_uncompressed_message_size: int | None = None,
@@ -80,11 +103,16 @@ class ConnectionPool:
         self.keepalive_interval = keepalive_interval
         self.use_tls = self.service_addresses[0].tls
         self._ssl: ssl.SSLContext | None = None
+        if auth is not None:
+            auth.configure_client_tls(tls_trust_certs_file_path, tls_allow_insecure_connection)
+        client_cert = client_certificate(auth, tls_certificate_file_path, tls_private_key_file_path)
         if self.use_tls:
             ctx = ssl.create_default_context(cafile=tls_trust_certs_file_path)
             ctx.check_hostname = tls_validate_hostname and not tls_allow_insecure_connection
             if tls_allow_insecure_connection:
                 ctx.verify_mode = ssl.CERT_NONE
+            if client_cert is not None:
+                load_client_certificate(ctx, *client_cert)
             self._ssl = ctx
         self._conns: dict[tuple[str, str], asyncio.Future[Connection]] = {}
         self._rr = 0

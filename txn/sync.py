@@ -356,6 +356,8 @@ class Client:
         max_partitions: int = MAX_PARTITIONS,
         max_message_size_ceiling: int = MAX_MESSAGE_SIZE_CEILING,
         max_uncompressed_message_size: int | None = None,
+        tls_private_key_file_path: str | None = None,
+        tls_certificate_file_path: str | None = None,
     ) -> None:
         self._lt = LoopThread()
         self._closed = False
@@ -373,6 +375,8 @@ class Client:
                 max_partitions=max_partitions,
                 max_message_size_ceiling=max_message_size_ceiling,
                 max_uncompressed_message_size=max_uncompressed_message_size,
+                tls_private_key_file_path=tls_private_key_file_path,
+                tls_certificate_file_path=tls_certificate_file_path,
             )
 
         try:
