@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txn.admin import admin_request, topic_path
+from txn.auth import Authentication
 from txn.delivery.ledger import LEDGER_TOPIC_NAME
 from txn.message import TxnID
 from txn.topic import parse_topic
@@ -22,7 +23,7 @@ class Live:
     """Read-only views of the broker's transaction state."""
 
     admin_url: str
-    token: str | None = None
+    token: str | Authentication | None = None
     timeout: float = 5.0
     context: ssl.SSLContext | None = None
 

@@ -118,6 +118,16 @@ class Settings(BaseSettings):
     tls_trust_certs: str = Field("", description="CA certificates (PEM) for pulsar+ssl:// and https:// broker URLs")
     tls_validate_hostname: bool = Field(False, description="check the broker certificate names its host")
     tls_allow_insecure: bool = Field(False, description="accept any broker certificate (testing only)")
+    tls_cert_file: str = Field("", description="client certificate (PEM); alone, it authenticates (TLS auth)")
+    tls_key_file: str = Field("", description="private key (PEM) of tls_cert_file")
+    auth_oauth2_issuer_url: str = Field("", description="OAuth2 issuer URL (client-credentials grant)")
+    auth_oauth2_client_id: str = Field("", description="OAuth2 client id")
+    auth_oauth2_client_secret: str = Field("", description="OAuth2 client secret")
+    auth_oauth2_private_key: str = Field("", description="OAuth2 credentials file (JSON: client_id, client_secret)")
+    auth_oauth2_audience: str = Field("", description="OAuth2 audience")
+    auth_oauth2_scope: str = Field("", description="OAuth2 scope")
+    auth_basic_username: str = Field("", description="basic authentication user")
+    auth_basic_password: str = Field("", description="basic authentication password")
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL: an SQLite file or PostgreSQL")
     #: Comma-separated bearer tokens. Mutating endpoints are refused while this is empty.
     api_token: str = Field("", description="bearer token(s) for the API, comma-separated")
@@ -198,7 +208,17 @@ class Settings(BaseSettings):
                               auth_token_file=self.auth_token_file or None,
                               tls_trust_certs_file_path=self.tls_trust_certs or None,
                               tls_validate_hostname=self.tls_validate_hostname,
-                              tls_allow_insecure_connection=self.tls_allow_insecure)
+                              tls_allow_insecure_connection=self.tls_allow_insecure,
+                              tls_certificate_file_path=self.tls_cert_file or None,
+                              tls_private_key_file_path=self.tls_key_file or None,
+                              auth_oauth2_issuer_url=self.auth_oauth2_issuer_url or None,
+                              auth_oauth2_client_id=self.auth_oauth2_client_id or None,
+                              auth_oauth2_client_secret=self.auth_oauth2_client_secret or None,
+                              auth_oauth2_private_key=self.auth_oauth2_private_key or None,
+                              auth_oauth2_audience=self.auth_oauth2_audience or None,
+                              auth_oauth2_scope=self.auth_oauth2_scope or None,
+                              auth_basic_username=self.auth_basic_username or None,
+                              auth_basic_password=self.auth_basic_password or None)
 
     @property
     def tokens(self) -> list[str]:

@@ -11,7 +11,11 @@ to every face of ``spark_jobs``:
   nearest known option): an ignored cap (Spark's Kafka ``maxOffsetsPerTrigger``) or credential
   (StreamNative's ``pulsar.client.authPluginClassName``) would change what a job does silently;
 - **connection security**: ``authToken`` (a token, or ``file:///path`` to a file holding one,
-  read at each connect), ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection`` and
+  read at each connect); OAuth2 client credentials ``authOauth2IssuerUrl`` with
+  ``authOauth2ClientId`` + ``authOauth2ClientSecret`` or ``authOauth2PrivateKey`` (a credentials
+  file), and optional ``authOauth2Audience``, ``authOauth2Scope``; basic ``authBasicUsername`` +
+  ``authBasicPassword``; a TLS client certificate ``tlsCertificateFilePath`` + ``tlsKeyFilePath``
+  (alone, it authenticates); ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection`` and
   ``tlsValidateHostname``. :func:`broker_settings` turns them, with the URLs, into a
   :class:`txn.settings.BrokerSettings`, whose ``client_kwargs()`` and ``admin_kwargs()`` every
   client and admin call of the source, the sink and the runtime use. ``BrokerSettings`` is a
@@ -44,8 +48,23 @@ CONNECTION_ALIASES: dict[str, tuple[str, ...]] = {
     "admin_url": ("admin.url", "adminurl"),
 }
 
+#: Option -> :class:`txn.settings.BrokerSettings` field, for the string-valued credentials.
+_CREDENTIAL_OPTIONS: dict[str, str] = {
+    "authOauth2IssuerUrl": "auth_oauth2_issuer_url",
+    "authOauth2ClientId": "auth_oauth2_client_id",
+    "authOauth2ClientSecret": "auth_oauth2_client_secret",
+    "authOauth2PrivateKey": "auth_oauth2_private_key",
+    "authOauth2Audience": "auth_oauth2_audience",
+    "authOauth2Scope": "auth_oauth2_scope",
+    "authBasicUsername": "auth_basic_username",
+    "authBasicPassword": "auth_basic_password",
+    "tlsCertificateFilePath": "tls_certificate_file_path",
+    "tlsKeyFilePath": "tls_private_key_file_path",
+}
+
 #: The security options, as users write them (Spark matches them case-insensitively).
-SECURITY_OPTIONS = ("authToken", "tlsTrustCertsFilePath", "tlsAllowInsecureConnection", "tlsValidateHostname")
+SECURITY_OPTIONS = ("authToken", "tlsTrustCertsFilePath", "tlsAllowInsecureConnection", "tlsValidateHostname",
+                    *_CREDENTIAL_OPTIONS)
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -89,8 +108,10 @@ def refuse_unknown(o: Mapping[str, Any], known: Iterable[str], face: str) -> Non
         if key.startswith(_STREAMNATIVE):
             raise UnknownOption(key, face, (
                 f"unknown option {key} of the {face}: StreamNative's client settings are not read here; "
-                f"authenticate with authToken (a token, or file:///path) and the TLS options "
-                f"{', '.join(SECURITY_OPTIONS[1:])}"))
+                f"authenticate with authToken (a token, or file:///path), the OAuth2 options authOauth2*, "
+                f"authBasicUsername/authBasicPassword or a client certificate (tlsCertificateFilePath, "
+                f"tlsKeyFilePath), and the TLS options tlsTrustCertsFilePath, tlsAllowInsecureConnection, "
+                f"tlsValidateHostname"))
         near = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
         hint = f"; did you mean {names[near[0]]}?" if near else ""
         raise UnknownOption(key, face, f"unknown option {key} of the {face}{hint} (known: "
@@ -142,8 +163,8 @@ def parse_bool(value: Any, option: str) -> bool:
 def broker_settings(o: Mapping[str, Any], who: str = "spark_jobs") -> BrokerSettings:
     """The connection settings in options ``o`` (lower-case names, aliases resolved).
 
-    ``service_url`` is required; ``authToken`` is a token or ``file:///path``.
-    Raises :class:`OptionError` naming the option.
+    ``service_url`` is required; ``authToken`` is a token or ``file:///path``; the other
+    credentials are in :data:`SECURITY_OPTIONS`. Raises :class:`OptionError` naming the option.
     """
     url = str(o.get("service_url") or "").strip()
     if not url:
@@ -164,9 +185,22 @@ def broker_settings(o: Mapping[str, Any], who: str = "spark_jobs") -> BrokerSett
             tls_validate_hostname=parse_bool(o.get("tlsvalidatehostname", "false"), "tlsValidateHostname"),
             tls_allow_insecure_connection=parse_bool(o.get("tlsallowinsecureconnection", "false"),
                                                      "tlsAllowInsecureConnection"),
+            **_credentials(o),
         )
     except SettingsError as exc:
         raise OptionError(f"the {who}'s connection options: {exc}") from None
+
+
+def _credentials(o: Mapping[str, Any]) -> dict[str, str]:
+    """The :data:`_CREDENTIAL_OPTIONS` given in ``o`` as settings fields (passwords and secrets as
+    given, the rest stripped; empty ones left out)."""
+    out = {}
+    for opt, name in _CREDENTIAL_OPTIONS.items():
+        raw = o.get(opt.lower())
+        if raw is None or not str(raw).strip():
+            continue
+        out[name] = str(raw) if name in ("auth_oauth2_client_secret", "auth_basic_password") else str(raw).strip()
+    return out
 
 
 def settings_options(settings: BrokerSettings) -> dict[str, str]:
@@ -185,4 +219,8 @@ def settings_options(settings: BrokerSettings) -> dict[str, str]:
         o["tlsAllowInsecureConnection"] = "true"
     if settings.tls_validate_hostname:
         o["tlsValidateHostname"] = "true"
+    for opt, f in _CREDENTIAL_OPTIONS.items():
+        value = getattr(settings, f)
+        if value:
+            o[opt] = value
     return o

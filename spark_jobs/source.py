@@ -83,7 +83,6 @@ import asyncio
 import json
 import logging
 import re
-import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -128,6 +127,7 @@ from .options import (
     CONNECTION_ALIASES,
     SECURITY_OPTIONS,
     OptionError,
+    broker_settings,
     lower_options,
     refuse_unknown,
     resolve_aliases,
@@ -175,6 +175,9 @@ class SourceOptions:
     subscription: str | None = None
     fail_on_data_loss: bool = True
     tls_validate_hostname: bool = False
+    #: Every connection option (URLs, any credentials, TLS) as one settings object; when set, the
+    #: clients and admin calls use it.
+    broker: BrokerSettings | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SourceOptions:
@@ -244,10 +247,13 @@ class SourceOptions:
             tls_validate_hostname=validate_hostname,
             subscription=subscription,
             fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),
+            broker=broker_settings(o, "pulsar source"),
         )
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`txn.Client` / :class:`txn.AsyncClient`."""
+        if self.broker is not None:
+            return self.broker.client_kwargs()
         kw: dict[str, Any] = {}
         if self.auth_token:
             kw["authentication"] = txn.AuthenticationToken(self.auth_token)
@@ -262,6 +268,8 @@ class SourceOptions:
     def settings(self) -> BrokerSettings:
         """The connection options as :class:`txn.settings.BrokerSettings` (what the sink and the
         runtime take)."""
+        if self.broker is not None:
+            return self.broker
         tok, tok_file = self.auth_token, None
         if tok and tok.startswith("file://"):
             tok, tok_file = None, tok[len("file://"):]
@@ -374,18 +382,8 @@ class PulsarInputPartition(InputPartition):
 
 def _admin_get(opts: SourceOptions, path: str) -> Any:
     assert opts.admin_url
-    tok = opts.auth_token
-    if tok and tok.startswith("file://"):
-        with open(tok[len("file://"):]) as f:
-            tok = f.read().strip()
-    ctx = None
-    if opts.admin_url.startswith("https://"):
-        ctx = ssl.create_default_context(cafile=opts.tls_trust_certs_file_path)
-        if opts.tls_allow_insecure_connection:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
     try:
-        status, body = admin_request("GET", opts.admin_url, path, timeout=30, token=tok, context=ctx)
+        status, body = admin_request("GET", opts.admin_url, path, timeout=30, **opts.settings().admin_kwargs())
     except OSError as exc:
         raise RuntimeError(f"admin_url {opts.admin_url} is unreachable: {exc}") from None
     if 200 <= status < 300:

@@ -1,4 +1,4 @@
-"""One settings model for broker connections: URLs, token, TLS.
+"""One settings model for broker connections: URLs, credentials, TLS.
 
 Every exactly-once path (``pulsar-txn process``, ``replay``, ``spark submit``, the Spark source,
 sink and runtime, the control plane) takes a :class:`BrokerSettings`, built from command-line
@@ -15,24 +15,55 @@ field                              environment variable                    flag
 ``tls_trust_certs_file_path``      ``PULSAR_TXN_TLS_TRUST_CERTS``          ``--tls-trust-certs``
 ``tls_validate_hostname``          ``PULSAR_TXN_TLS_VALIDATE_HOSTNAME``    ``--tls-validate-hostname``
 ``tls_allow_insecure_connection``  ``PULSAR_TXN_TLS_ALLOW_INSECURE``       ``--tls-allow-insecure``
+``tls_certificate_file_path``      ``PULSAR_TXN_TLS_CERT_FILE``            ``--tls-cert-file``
+``tls_private_key_file_path``      ``PULSAR_TXN_TLS_KEY_FILE``             ``--tls-key-file``
+``auth_oauth2_issuer_url``         ``PULSAR_TXN_AUTH_OAUTH2_ISSUER_URL``   ``--auth-oauth2-issuer-url``
+``auth_oauth2_client_id``          ``PULSAR_TXN_AUTH_OAUTH2_CLIENT_ID``    ``--auth-oauth2-client-id``
+``auth_oauth2_client_secret``      ``PULSAR_TXN_AUTH_OAUTH2_CLIENT_SECRET`` ``--auth-oauth2-client-secret``
+``auth_oauth2_private_key``        ``PULSAR_TXN_AUTH_OAUTH2_PRIVATE_KEY``  ``--auth-oauth2-private-key``
+``auth_oauth2_audience``           ``PULSAR_TXN_AUTH_OAUTH2_AUDIENCE``     ``--auth-oauth2-audience``
+``auth_oauth2_scope``              ``PULSAR_TXN_AUTH_OAUTH2_SCOPE``        ``--auth-oauth2-scope``
+``auth_basic_username``            ``PULSAR_TXN_AUTH_BASIC_USERNAME``      ``--auth-basic-username``
+``auth_basic_password``            ``PULSAR_TXN_AUTH_BASIC_PASSWORD``      ``--auth-basic-password``
 =================================  ======================================  ===========================
 
-A flag wins over the environment. The token goes to the broker (binary protocol) and, as a
-bearer token, to the admin REST API; the trust certificates verify both ``pulsar+ssl://`` and
-``https://``.
+A flag wins over the environment. One way to authenticate at most:
+
+- **token** (``auth_token`` or ``auth_token_file``): sent to the broker and, as a bearer token, to
+  the admin REST API;
+- **OAuth2 client credentials** (``auth_oauth2_*``, the official ``AuthenticationOauth2``
+  parameters): ``issuer_url`` and either ``client_id`` + ``client_secret`` or ``private_key`` (a
+  JSON credentials file holding them); the access token goes where a token would, and is fetched
+  again before it expires;
+- **basic** (``auth_basic_username`` + ``auth_basic_password``): to the broker, and as
+  ``Authorization: Basic`` to the admin REST API;
+- **TLS client certificate** (``tls_certificate_file_path`` + ``tls_private_key_file_path``): with
+  no other method it authenticates (``AuthenticationTLS``, needs ``pulsar+ssl://``); with one, it
+  is still presented in every TLS handshake (mutual TLS), broker and ``https://`` admin alike.
+
+The trust certificates verify both ``pulsar+ssl://`` and ``https://`` (and an ``https://`` OAuth2
+issuer).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import ssl
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .auth import AuthenticationToken
+from .auth import (
+    Authentication,
+    AuthenticationBasic,
+    AuthenticationOauth2,
+    AuthenticationTLS,
+    AuthenticationToken,
+)
 
 __all__ = ["ENV_PREFIX", "BrokerSettings", "SettingsError", "add_broker_arguments"]
 
@@ -46,7 +77,21 @@ _ENV = {
     "tls_trust_certs_file_path": "TLS_TRUST_CERTS",
     "tls_validate_hostname": "TLS_VALIDATE_HOSTNAME",
     "tls_allow_insecure_connection": "TLS_ALLOW_INSECURE",
+    "tls_certificate_file_path": "TLS_CERT_FILE",
+    "tls_private_key_file_path": "TLS_KEY_FILE",
+    "auth_oauth2_issuer_url": "AUTH_OAUTH2_ISSUER_URL",
+    "auth_oauth2_client_id": "AUTH_OAUTH2_CLIENT_ID",
+    "auth_oauth2_client_secret": "AUTH_OAUTH2_CLIENT_SECRET",
+    "auth_oauth2_private_key": "AUTH_OAUTH2_PRIVATE_KEY",
+    "auth_oauth2_audience": "AUTH_OAUTH2_AUDIENCE",
+    "auth_oauth2_scope": "AUTH_OAUTH2_SCOPE",
+    "auth_basic_username": "AUTH_BASIC_USERNAME",
+    "auth_basic_password": "AUTH_BASIC_PASSWORD",
 }
+#: Settings that hold secrets: hidden by :meth:`BrokerSettings.redacted`.
+_SECRETS = ("auth_token", "auth_oauth2_client_secret", "auth_basic_password")
+_OAUTH2 = ("auth_oauth2_issuer_url", "auth_oauth2_client_id", "auth_oauth2_client_secret", "auth_oauth2_private_key",
+           "auth_oauth2_audience", "auth_oauth2_scope")
 _BOOLS = {"tls_validate_hostname", "tls_allow_insecure_connection"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -58,10 +103,11 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class BrokerSettings:
-    """Where the broker is and how to authenticate to it.
+    """Where the broker is and how to authenticate to it (see the module's table).
 
     ``auth_token`` and ``auth_token_file`` are exclusive; the file is read at each connect, so
-    a rotated token is picked up on reconnect.
+    a rotated token is picked up on reconnect. Token, OAuth2 and basic are exclusive; a client
+    certificate goes with any of them.
     """
 
     service_url: str | None = None
@@ -71,6 +117,16 @@ class BrokerSettings:
     tls_trust_certs_file_path: str | None = None
     tls_validate_hostname: bool = False
     tls_allow_insecure_connection: bool = False
+    tls_certificate_file_path: str | None = None
+    tls_private_key_file_path: str | None = None
+    auth_oauth2_issuer_url: str | None = None
+    auth_oauth2_client_id: str | None = None
+    auth_oauth2_client_secret: str | None = None
+    auth_oauth2_private_key: str | None = None
+    auth_oauth2_audience: str | None = None
+    auth_oauth2_scope: str | None = None
+    auth_basic_username: str | None = None
+    auth_basic_password: str | None = None
 
     def __post_init__(self) -> None:
         if self.service_url is not None and not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
@@ -81,6 +137,31 @@ class BrokerSettings:
             raise SettingsError("give an auth token or an auth token file, not both")
         if self.tls_trust_certs_file_path and not Path(self.tls_trust_certs_file_path).is_file():
             raise SettingsError(f"TLS trust certificates file not found: {self.tls_trust_certs_file_path}")
+        methods = [name for name, on in (
+            ("token", self.auth_token or self.auth_token_file),
+            ("OAuth2", any(getattr(self, f) for f in _OAUTH2)),
+            ("basic", self.auth_basic_username or self.auth_basic_password)) if on]
+        if len(methods) > 1:
+            raise SettingsError(f"give one way to authenticate, not {' and '.join(methods)}")
+        if bool(self.tls_certificate_file_path) != bool(self.tls_private_key_file_path):
+            raise SettingsError(f"a TLS client certificate needs both {ENV_PREFIX}TLS_CERT_FILE (--tls-cert-file) "
+                                f"and {ENV_PREFIX}TLS_KEY_FILE (--tls-key-file)")
+        for path, what in ((self.tls_certificate_file_path, "TLS client certificate"),
+                           (self.tls_private_key_file_path, "TLS client key")):
+            if path and not Path(path).is_file():
+                raise SettingsError(f"{what} file not found: {path}")
+        if (self.tls_certificate_file_path and not methods and self.service_url
+                and not self.service_url.startswith("pulsar+ssl://")):
+            raise SettingsError("a TLS client certificate authenticates only over TLS: the service URL must be "
+                                f"pulsar+ssl://, got {self.service_url!r}")
+        if methods == ["basic"] and not (self.auth_basic_username and self.auth_basic_password is not None):
+            raise SettingsError(f"basic authentication needs both {ENV_PREFIX}AUTH_BASIC_USERNAME "
+                                f"(--auth-basic-username) and {ENV_PREFIX}AUTH_BASIC_PASSWORD (--auth-basic-password)")
+        if methods == ["OAuth2"]:
+            try:
+                AuthenticationOauth2(self._oauth2_params())  # checks the parameters and the credentials file
+            except ValueError as exc:
+                raise SettingsError(f"OAuth2 settings ({ENV_PREFIX}AUTH_OAUTH2_*): {exc}") from None
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -133,13 +214,42 @@ class BrokerSettings:
             raise SettingsError(f"no broker admin URL: pass --admin-url or set {ENV_PREFIX}ADMIN_URL")
         return self.admin_url
 
+    def _oauth2_params(self) -> str:
+        """The official ``AuthenticationOauth2`` parameter string of the ``auth_oauth2_*`` settings."""
+        params = {"type": "client_credentials"}
+        for name in _OAUTH2:
+            value = getattr(self, name)
+            if value:
+                params[name[len("auth_oauth2_"):]] = value
+        return json.dumps(params, sort_keys=True)
+
+    def authentication(self) -> Authentication | None:
+        """The provider these settings name, or None.
+
+        OAuth2 providers are shared per process by their parameters, so every client, admin call
+        and Spark task of a process uses one cached access token.
+        """
+        if self.auth_token_file:
+            return AuthenticationToken("file://" + str(Path(self.auth_token_file).resolve()))
+        if self.auth_token:
+            return AuthenticationToken(self.auth_token)
+        if any(getattr(self, name) for name in _OAUTH2):
+            return _shared_oauth2(self._oauth2_params())
+        if self.auth_basic_username:
+            return AuthenticationBasic(self.auth_basic_username, self.auth_basic_password or "")
+        if self.tls_certificate_file_path and self.tls_private_key_file_path:
+            return AuthenticationTLS(self.tls_certificate_file_path, self.tls_private_key_file_path)
+        return None
+
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`txn.AsyncClient` / :class:`txn.Client` (not the URL)."""
         kw: dict[str, Any] = {}
-        if self.auth_token_file:
-            kw["authentication"] = AuthenticationToken("file://" + str(Path(self.auth_token_file).resolve()))
-        elif self.auth_token:
-            kw["authentication"] = AuthenticationToken(self.auth_token)
+        auth = self.authentication()
+        if auth is not None:
+            kw["authentication"] = auth
+        if self.tls_certificate_file_path and not isinstance(auth, AuthenticationTLS):
+            kw["tls_certificate_file_path"] = self.tls_certificate_file_path
+            kw["tls_private_key_file_path"] = self.tls_private_key_file_path
         if self.tls_trust_certs_file_path:
             kw["tls_trust_certs_file_path"] = self.tls_trust_certs_file_path
         if self.tls_validate_hostname:
@@ -149,31 +259,60 @@ class BrokerSettings:
         return kw
 
     def admin_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`txn.admin.admin_request`: ``token`` and an SSL ``context``."""
+        """Keyword arguments for :func:`txn.admin.admin_request`: ``token`` and an SSL ``context``.
+
+        ``token`` is the token string, or for OAuth2 and basic the provider itself (its headers
+        are asked for at each request, so a refreshed OAuth2 token is used). The context holds
+        the client certificate, if any.
+        """
         kw: dict[str, Any] = {}
         tok = self.token()
         if tok:
             kw["token"] = tok
+        elif not (self.auth_token or self.auth_token_file):
+            auth = self.authentication()
+            if isinstance(auth, (AuthenticationOauth2, AuthenticationBasic)):
+                kw["token"] = auth
         if self.admin_url and self.admin_url.startswith("https://"):
             kw["context"] = self.ssl_context()
         return kw
 
     def ssl_context(self) -> ssl.SSLContext:
-        """An SSL context that trusts ``tls_trust_certs_file_path`` (or the system store)."""
+        """An SSL context that trusts ``tls_trust_certs_file_path`` (or the system store) and
+        presents the client certificate, if any."""
+        from .pool import load_client_certificate
+
         ctx = ssl.create_default_context(cafile=self.tls_trust_certs_file_path)
         if self.tls_allow_insecure_connection:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         else:
             ctx.check_hostname = self.tls_validate_hostname
+        if self.tls_certificate_file_path and self.tls_private_key_file_path:
+            load_client_certificate(ctx, self.tls_certificate_file_path, self.tls_private_key_file_path)
         return ctx
 
     def redacted(self) -> dict[str, Any]:
-        """The settings with the token hidden, for logs and ``--help`` output."""
+        """The settings with the secrets (token, client secret, password) hidden, for logs and
+        ``--help`` output."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["auth_token"]:
-            out["auth_token"] = "***"
+        for name in _SECRETS:
+            if out[name]:
+                out[name] = "***"
         return out
+
+
+_oauth2_lock = threading.Lock()
+_oauth2_shared: dict[str, AuthenticationOauth2] = {}
+
+
+def _shared_oauth2(params: str) -> AuthenticationOauth2:
+    """One :class:`AuthenticationOauth2` per parameter string in this process."""
+    with _oauth2_lock:
+        auth = _oauth2_shared.get(params)
+        if auth is None:
+            auth = _oauth2_shared[params] = AuthenticationOauth2(params)
+        return auth
 
 
 def add_broker_arguments(parser: argparse.ArgumentParser, *, service_url_required: bool = False,
@@ -198,6 +337,28 @@ def add_broker_arguments(parser: argparse.ArgumentParser, *, service_url_require
                    help=f"check the broker's certificate names its host; env {ENV_PREFIX}TLS_VALIDATE_HOSTNAME")
     g.add_argument("--tls-allow-insecure", dest="tls_allow_insecure_connection", action="store_true", default=None,
                    help=f"accept any broker certificate (testing only); env {ENV_PREFIX}TLS_ALLOW_INSECURE")
+    g.add_argument("--tls-cert-file", dest="tls_certificate_file_path", default=None,
+                   help="client certificate (PEM) for TLS handshakes; alone, it authenticates (TLS auth); "
+                        f"env {ENV_PREFIX}TLS_CERT_FILE")
+    g.add_argument("--tls-key-file", dest="tls_private_key_file_path", default=None,
+                   help=f"private key (PEM) of --tls-cert-file; env {ENV_PREFIX}TLS_KEY_FILE")
+    g.add_argument("--auth-oauth2-issuer-url", default=None,
+                   help=f"OAuth2 issuer (its /.well-known/openid-configuration names the token endpoint); "
+                        f"env {ENV_PREFIX}AUTH_OAUTH2_ISSUER_URL")
+    g.add_argument("--auth-oauth2-client-id", default=None,
+                   help=f"OAuth2 client id; env {ENV_PREFIX}AUTH_OAUTH2_CLIENT_ID")
+    g.add_argument("--auth-oauth2-client-secret", default=None,
+                   help=f"OAuth2 client secret; env {ENV_PREFIX}AUTH_OAUTH2_CLIENT_SECRET")
+    g.add_argument("--auth-oauth2-private-key", default=None,
+                   help="OAuth2 credentials file (JSON with client_id and client_secret): a path, file:///path "
+                        f"or data:application/json;base64,...; env {ENV_PREFIX}AUTH_OAUTH2_PRIVATE_KEY")
+    g.add_argument("--auth-oauth2-audience", default=None,
+                   help=f"OAuth2 audience; env {ENV_PREFIX}AUTH_OAUTH2_AUDIENCE")
+    g.add_argument("--auth-oauth2-scope", default=None, help=f"OAuth2 scope; env {ENV_PREFIX}AUTH_OAUTH2_SCOPE")
+    g.add_argument("--auth-basic-username", default=None,
+                   help=f"basic authentication user; env {ENV_PREFIX}AUTH_BASIC_USERNAME")
+    g.add_argument("--auth-basic-password", default=None,
+                   help=f"basic authentication password; env {ENV_PREFIX}AUTH_BASIC_PASSWORD")
 
 
 
