@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -60,8 +60,10 @@ def _sanitise(name: str, limit: int = 40) -> str:
 
 @contextlib.contextmanager
 def _local_broker(request: pytest.FixtureRequest, prefix: str, *, security: bool,
-                  authorization: bool = False) -> Iterator[Broker]:
-    """Start a LocalBroker on free ports in a fresh data dir; keep the dir if tests failed."""
+                  authorization: bool = False, **options: Any) -> Iterator[Broker]:
+    """Start a LocalBroker on free ports in a fresh data dir; keep the dir if tests failed.
+
+    ``options`` go to :class:`LocalBroker` (e.g. ``auth_providers``, ``auth_refresh_check_seconds``)."""
     data_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     ports: set[int] = set()
     while len(ports) < 4:
@@ -70,7 +72,7 @@ def _local_broker(request: pytest.FixtureRequest, prefix: str, *, security: bool
     local = LocalBroker(
         data_dir, broker_port=broker_port, web_port=web_port, bookie_port=bookie_port,
         transaction_coordinators=2, security=security, broker_port_tls=tls_port if security else None,
-        authorization=authorization,
+        authorization=authorization, **options,
     )
     failed_before = request.session.testsfailed
     started = False
@@ -109,6 +111,24 @@ def authz_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     ``token``) is the super-user and ``anonymous`` is granted nothing, so a path that forgets its
     credentials is refused. Always started locally (~20 s, once per session)."""
     with _local_broker(request, "pulsar-txn-authz-", security=True, authorization=True) as b:
+        yield b
+
+
+#: Basic-auth users of ``authn_broker``.
+AUTHN_BASIC_USERS = {"basic-user": "basic-password"}
+#: ``authenticationRefreshCheckSeconds`` of ``authn_broker``: short, so a token of a few seconds
+#: is challenged (and must be refreshed) within a test.
+AUTHN_REFRESH_CHECK_S = 2
+
+
+@pytest.fixture(scope="module")
+def authn_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A broker of the module's own for the authentication tests: token, TLS client-certificate and
+    basic providers (users :data:`AUTHN_BASIC_USERS`; ``local.make_client_certificate(role)`` makes
+    certificates), credentials checked for expiry every :data:`AUTHN_REFRESH_CHECK_S` seconds;
+    anonymous clients allowed, authorization off. Always started locally (~20 s, once per module)."""
+    with _local_broker(request, "pulsar-txn-authn-", security=True, auth_providers=("tls", "basic"),
+                       auth_refresh_check_seconds=AUTHN_REFRESH_CHECK_S, basic_users=AUTHN_BASIC_USERS) as b:
         yield b
 
 

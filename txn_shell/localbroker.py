@@ -17,7 +17,10 @@ CA, a broker certificate for 127.0.0.1/localhost and an HS256 token secret, and
 turns on a TLS binary port and token authentication. Anonymous clients keep
 working (``anonymousUserRole``, authorization off), so plain ``pulsar://``
 clients, the broker's own internal clients and the transaction coordinators are
-unaffected.
+unaffected. Opt-in, for authentication tests: ``auth_providers`` adds the TLS
+client-certificate and basic providers beside tokens (:meth:`LocalBroker.make_client_certificate`
+signs client certificates with the test CA; ``basic_users`` fills the htpasswd file), and
+``auth_refresh_check_seconds`` sets how often the broker checks for expired credentials.
 """
 
 from __future__ import annotations
@@ -133,6 +136,46 @@ def _security_overrides(sec_dir: Path, tls_port: int) -> dict[str, str]:
         "anonymousUserRole": ANONYMOUS_ROLE,
         "authorizationEnabled": "false",
     }
+
+
+#: Authentication providers that ``LocalBroker(auth_providers=...)`` can add beside tokens.
+AUTH_PROVIDERS: dict[str, str] = {
+    "tls": "org.apache.pulsar.broker.authentication.AuthenticationProviderTls",
+    "basic": "org.apache.pulsar.broker.authentication.AuthenticationProviderBasic",
+}
+
+
+def _auth_provider_overrides(sec_dir: Path, providers: tuple[str, ...],
+                             refresh_check_seconds: int | None) -> dict[str, str]:
+    """Broker config for the opt-in authentication providers and refresh check interval."""
+    out: dict[str, str] = {}
+    if providers:
+        out["authenticationProviders"] = ",".join(
+            ["org.apache.pulsar.broker.authentication.AuthenticationProviderToken",
+             *(AUTH_PROVIDERS[p] for p in providers)])
+    if "basic" in providers:
+        out["basicAuthConf"] = str(sec_dir / BASIC_USERS_FILE)
+    if refresh_check_seconds is not None:
+        out["authenticationRefreshCheckSeconds"] = str(refresh_check_seconds)
+    return out
+
+
+#: The htpasswd file of the basic provider, in the security dir.
+BASIC_USERS_FILE = "basic-users.htpasswd"
+
+
+def htpasswd_line(user: str, password: str) -> str:
+    """``user:$apr1$...`` (Apache MD5, what the broker's basic provider checks), from ``openssl passwd``."""
+    if ":" in user or not user:
+        raise BrokerError(f"a basic-auth user name must be non-empty and without ':', got {user!r}")
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise BrokerError("the openssl command is needed to hash basic-auth passwords")
+    res = subprocess.run([openssl, "passwd", "-apr1", "-stdin"], input=password + "\n", capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        raise BrokerError(f"openssl passwd failed: {res.stderr.strip()[-500:]}")
+    return f"{user}:{res.stdout.strip()}"
 
 
 def _authorization_overrides(token_file: Path) -> dict[str, str]:
@@ -448,6 +491,43 @@ def generate_tls_material(
         (directory / key).chmod(0o600)
 
 
+_CLIENT_EXT = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+"""
+
+
+def generate_client_certificate(ca_dir: Path, common_name: str, cert_path: Path, key_path: Path,
+                                days: int = 3650) -> None:
+    """Write a client certificate (``CN=common_name``, clientAuth) signed by the CA in ``ca_dir``
+    (``ca.cert.pem`` / ``ca.key.pem``, as :func:`generate_tls_material` writes them) and its
+    unencrypted PKCS#8 key. Uses the ``openssl`` command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise BrokerError("the openssl command is needed to generate TLS certificates")
+    tmp = Path(tempfile.mkdtemp(prefix=".client-cert-", dir=ca_dir))
+    try:
+        def run(*args: str) -> None:
+            res = subprocess.run([openssl, *args], cwd=tmp, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise BrokerError(f"openssl {' '.join(args[:2])} failed: {res.stderr.strip()[-2000:]}")
+
+        (tmp / "client.ext").write_text(_CLIENT_EXT)
+        run("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "client.key")
+        run("req", "-new", "-key", "client.key", "-subj", f"/O=txn-localbroker/CN={common_name}", "-out", "client.csr")
+        run("x509", "-req", "-in", "client.csr", "-CA", str(ca_dir / "ca.cert.pem"), "-CAkey",
+            str(ca_dir / "ca.key.pem"), "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-sha256",
+            "-days", str(days), "-extfile", "client.ext", "-out", "client.cert")
+        (tmp / "client.key").chmod(0o600)
+        (tmp / "client.key").rename(key_path)
+        (tmp / "client.cert").rename(cert_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------
 # Process helpers
 
@@ -534,6 +614,9 @@ class LocalBroker:
         security: bool | None = None,
         broker_port_tls: int | None = None,
         authorization: bool | None = None,
+        auth_providers: tuple[str, ...] | None = None,
+        auth_refresh_check_seconds: int | None = None,
+        basic_users: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir else cache_dir() / "standalone-data"
         self.data_dir = self.data_dir.expanduser().resolve()
@@ -555,6 +638,21 @@ class LocalBroker:
             saved.get("authorization", False) if authorization is None else authorization)
         if self.authorization and not self.security:
             raise BrokerError("authorization needs security=True (token authentication)")
+        #: Providers beside tokens ("tls", "basic"); () unless asked for (or saved).
+        self.auth_providers: tuple[str, ...] = tuple(
+            saved.get("auth_providers", ()) if auth_providers is None else auth_providers)
+        unknown = set(self.auth_providers) - set(AUTH_PROVIDERS)
+        if unknown:
+            raise BrokerError(f"unknown auth provider(s) {sorted(unknown)}; known: {sorted(AUTH_PROVIDERS)}")
+        if self.auth_providers and not self.security:
+            raise BrokerError("auth_providers need security=True")
+        #: ``authenticationRefreshCheckSeconds`` (None: the broker's default, 60 s).
+        self.auth_refresh_check_seconds: int | None = (
+            saved.get("auth_refresh_check_seconds") if auth_refresh_check_seconds is None
+            else auth_refresh_check_seconds)
+        self._basic_users = dict(basic_users or {})
+        if self._basic_users and "basic" not in self.auth_providers:
+            raise BrokerError("basic_users need auth_providers to include 'basic'")
         self.broker_port_tls: int | None = (
             (broker_port_tls or saved.get("broker_port_tls") or DEFAULT_BROKER_PORT_TLS) if self.security else None
         )
@@ -564,6 +662,8 @@ class LocalBroker:
             self.security = bool(saved.get("security", False))
             self.authorization = bool(saved.get("authorization", False))
             self.broker_port_tls = saved.get("broker_port_tls") if self.security else None
+            self.auth_providers = tuple(saved.get("auth_providers", ()))
+            self.auth_refresh_check_seconds = saved.get("auth_refresh_check_seconds")
         self._pulsar_home = Path(pulsar_home) if pulsar_home else None
         self.progress = progress
         self._proc: subprocess.Popen[bytes] | None = None
@@ -622,6 +722,33 @@ class LocalBroker:
             raise BrokerError(f"no token secret in {self.security_dir}; start with security=True first") from e
         exp = None if expires_in is None else time.time() + expires_in
         return make_token(secret, role, expires_at=exp)
+
+    def _write_basic_users(self) -> None:
+        """Write ``basic_users`` as the basic provider's htpasswd file (kept as is when none were
+        given, so a restart keeps the users; an empty file when there never were any)."""
+        path = self.security_dir / BASIC_USERS_FILE
+        if not self._basic_users and path.exists():
+            return
+        lines = [htpasswd_line(user, pw) for user, pw in sorted(self._basic_users.items())]
+        path.write_text("".join(line + "\n" for line in lines))
+        path.chmod(0o600)
+
+    def make_client_certificate(self, role: str = TOKEN_ROLE, days: int = 3650) -> tuple[Path, Path]:
+        """A client certificate with CN ``role`` signed by this broker's test CA, for TLS
+        authentication (the broker's TLS provider takes the role from the CN).
+
+        Returns ``(certificate, private key)`` PEM paths under :attr:`security_dir`
+        (``client-<role>.cert.pem`` / ``client-<role>.key-pk8.pem``), made once per role.
+        """
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", role):
+            raise BrokerError(f"a client certificate role must be letters, digits, '_', '.' or '-': {role!r}")
+        if not (self.security_dir / ".complete").exists():
+            raise BrokerError(f"no test CA in {self.security_dir}; start with security=True first")
+        cert, key = self.security_dir / f"client-{role}.cert.pem", self.security_dir / f"client-{role}.key-pk8.pem"
+        if cert.exists() and key.exists():
+            return cert, key
+        generate_client_certificate(self.security_dir, role, cert, key, days=days)
+        return cert, key
 
     def _ensure_security_material(self) -> None:
         """Generate the CA, broker cert, token secret and token once per data dir."""
@@ -735,6 +862,10 @@ class LocalBroker:
             overrides.update(_security_overrides(self.security_dir, self.broker_port_tls))
             if self.authorization:
                 overrides.update(_authorization_overrides(self.token_path))
+            if "basic" in self.auth_providers:
+                self._write_basic_users()
+            overrides.update(_auth_provider_overrides(self.security_dir, self.auth_providers,
+                                                      self.auth_refresh_check_seconds))
         lo = loopback_interface()
         if lo:  # make the bookie bind to 127.0.0.1 (advertisedAddress) instead of 0.0.0.0
             overrides["listeningInterface"] = lo
@@ -751,6 +882,8 @@ class LocalBroker:
             "security": self.security,
             "authorization": self.authorization,
             "broker_port_tls": self.broker_port_tls,
+            "auth_providers": list(self.auth_providers),
+            "auth_refresh_check_seconds": self.auth_refresh_check_seconds,
             "pid": pid,
         }
         self._state_file.write_text(json.dumps(state, indent=2) + "\n")
@@ -931,6 +1064,7 @@ class LocalBroker:
             "admin_url": self.admin_url,
             "security": self.security,
             "authorization": self.authorization,
+            "auth_providers": list(self.auth_providers),
             "service_url_tls": self.service_url_tls,
             "broker_port": self.broker_port,
             "broker_port_tls": self.broker_port_tls,
