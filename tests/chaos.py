@@ -471,6 +471,7 @@ def run_chaos(
     procs: list[_Proc] = []  # every process started (for the clean-up and the logs)
     fleet: list[_Proc] = []  # the live instances of the job, ``instances`` of them
     zombies_up: list[tuple[float, _Proc]] = []  # resumed zombies (never stopped) and when they resumed
+    last_broker_back = 0.0  # when the broker last came back from a restart (time.monotonic())
     gen = threading.Thread(target=generator.run, args=(deadline,), daemon=True)
     rd = threading.Thread(target=read_loop, daemon=True)
     rd.start()
@@ -619,6 +620,7 @@ def run_chaos(
                 else:
                     res.broker_restarts += 1
                 event("broker back")
+                last_broker_back = time.monotonic()
             else:
                 k = pick.randrange(len(fleet))
                 zombie = fleet[k]
@@ -720,7 +722,14 @@ def run_chaos(
                 time.sleep(0.5)
             event(f"after the restart: {len(want - seen)} of the {res.stranded} stranded outputs still not seen")
         res.timed_out = not want <= seen
-        time.sleep(settle_s if settle_s is not None else min(txn_timeout_ms / 1000 + 2, 20))
+        if settle_s is not None:
+            time.sleep(settle_s)
+        else:
+            # The instances run on as in a deployment: long enough after the last broker restart for
+            # their commit audit (the transaction timeout, its grace and a check) to find and redo a
+            # batch the broker rolled back after its commit (apache/pulsar#20150).
+            audit_done = last_broker_back + txn_timeout_ms / 1000 + 30 if last_broker_back else 0.0
+            time.sleep(max(min(txn_timeout_ms / 1000 + 2, 20), min(audit_done, deadline) - time.monotonic()))
         if res.drain_s is not None:
             note_exits()
         event(f"output complete: {len(seen.copy() & expected)} of {len(expected)} expected seen")

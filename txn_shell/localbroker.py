@@ -790,8 +790,9 @@ class LocalBroker:
 
     @property
     def _unclean_marker(self) -> Path:
-        """Exists from a spawn until :meth:`stop` sees that standalone exit on SIGTERM: while it
-        does, the metadata store may hold ephemeral nodes of a standalone that was killed."""
+        """Exists from a spawn until :meth:`stop` sees that standalone exit on a bare SIGTERM: while
+        it does, the metadata store may hold ephemeral nodes of a standalone that was killed, or
+        whose bookie could not release them after its broker service had closed."""
         return self.data_dir / ".unclean-stop"
 
     def _cookie_bookie_port(self) -> int | None:
@@ -1090,11 +1091,16 @@ class LocalBroker:
             return False
         self.progress(f"stopping broker (pid {pid})...")
         t0 = time.monotonic()
-        if not self._close_broker_service(timeout):
+        graceful = self._close_broker_service(timeout)
+        if not graceful:
             self.progress("broker service did not close through the admin API; stopping it with its bookie")
         self._signal(pid, signal.SIGTERM)
         if self._wait_exit(pid, timeout):
-            self._unclean_marker.unlink(missing_ok=True)  # it released its ephemeral nodes
+            # A bare SIGTERM lets the bookie release its ephemeral nodes. After the broker service
+            # closed first, the bookie sometimes cannot (the metadata store it shares with the broker
+            # is closing): the marker stays, and the next start sweeps (well under a second).
+            if not graceful:
+                self._unclean_marker.unlink(missing_ok=True)
         else:
             self.progress(f"broker did not exit within {timeout:.0f}s; killing it")
             self._signal(pid, signal.SIGKILL)
