@@ -367,6 +367,12 @@ def test_oauth2_issuer_errors_are_typed(offline_issuer: Issuer) -> None:
     with pytest.raises(txn.AuthenticationError, match=r"discovery document .* is unreachable") as info:
         txn.AuthenticationOauth2(dead).auth_data()
     assert info.value.retriable is True  # an issuer outage is retried like a broker outage
+    # ... by the client, until its operation timeout (the official client fails at once: see
+    # docs/porting.md); the credentials come before the socket, so no broker is needed here.
+    with txn.Client("pulsar://127.0.0.1:1", authentication=txn.AuthenticationOauth2(dead),
+                    operation_timeout_seconds=2) as c:
+        with pytest.raises(txn.Timeout, match=r"last error: OAuth2 discovery document .* is unreachable"):
+            c.create_producer("t")
 
     with pytest.raises(txn.AuthenticationError, match="refused the client credentials .* HTTP 401") as info:
         txn.AuthenticationOauth2(offline_issuer.params("oauth-app").replace("app-secret", "nope")).auth_data()
