@@ -720,3 +720,30 @@ def test_local_broker_auth_options_are_opt_in(tmp_path: Path) -> None:
         LocalBroker(tmp_path / "x", auth_providers=("tls",), progress=lambda _: None)
     with pytest.raises(BrokerError, match="unknown auth provider"):
         LocalBroker(tmp_path / "y", security=True, auth_providers=("kerberos",), progress=lambda _: None)
+
+
+def test_cli_process_with_oauth2_from_the_environment(authn_broker: Broker, issuer: Issuer, topic: str) -> None:
+    """``pulsar-txn process`` authenticates with OAuth2 from ``PULSAR_TXN_AUTH_OAUTH2_*``: its
+    token requests (scope ``cli``) reach the issuer, and the batch goes through."""
+    import os
+    import subprocess
+    import sys
+
+    inp, out, ledger = topic + "-in", topic + "-out", topic + "-ledger"
+    with txn.Client(authn_broker.service_url) as c:
+        reader = c.subscribe(out, "r")
+        producer = c.create_producer(inp)
+        for d in (b"a", b"b"):
+            producer.send(d)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PULSAR_TXN_")}
+        env.update(PULSAR_TXN_SERVICE_URL=authn_broker.service_url, PULSAR_TXN_AUTH_OAUTH2_ISSUER_URL=issuer.url(),
+                   PULSAR_TXN_AUTH_OAUTH2_CLIENT_ID="oauth-app", PULSAR_TXN_AUTH_OAUTH2_CLIENT_SECRET="app-secret",
+                   PULSAR_TXN_AUTH_OAUTH2_SCOPE="cli")
+        r = subprocess.run([sys.executable, "-m", "txn_shell.cli", "process", "--input", inp, "--output", out,
+                            "--subscription", "cli", "--handler", "txn_shell.examples.handlers:upper",
+                            "--ledger-topic", ledger, "--batch-max-delay-ms", "300", "--exit-when-idle-ms", "4000"],
+                           capture_output=True, text=True, timeout=180, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = sorted(reader.receive(timeout_millis=10_000).data() for _ in range(2))
+    assert got == [b"A", b"B"]
+    assert any(form.get("scope") == "cli" for _, form in issuer.requests)
