@@ -314,9 +314,9 @@ def test_streaming_capped_micro_batches_exactly_once_across_restart(spark, broke
     prod = client.create_producer(topic, batching_enabled=True, batching_max_messages=16,
                                   batching_max_publish_delay_ms=50, block_if_queue_full=True)
 
-    def write(lo, hi):
+    def write(lo, hi):  # keys key0..key4 fall on both partitions (the default hash, the official client's)
         for i in range(lo, hi):
-            prod.send_async(f"m{i:03d}".encode(), None, partition_key=f"k{i % 5}")
+            prod.send_async(f"m{i:03d}".encode(), None, partition_key=f"key{i % 5}")
         prod.flush()
 
     write(0, 250)
