@@ -8,7 +8,7 @@ demo: setup            ## the full demo: broker, control plane, Spark job with a
 	.venv/bin/pulsar-txn demo
 
 test: setup            ## the whole default test suite (starts its own broker)
-	.venv/bin/python -m pytest -q --durations=30
+	.venv/bin/python -m pytest -q --durations=60
 
 test-all: setup        ## plus the long soak/chaos runs
 	.venv/bin/python -m pytest -q --run-slow
