@@ -132,8 +132,8 @@ def test_exporter_counts_exactly_during_a_run(broker, official, unique_name):
         assert m[f"pulsartxn_processor_duplicates_skipped_total{key}"] == 0
         assert m[f"pulsartxn_processor_inflight_commits{key}"] == 0
         assert m[f"pulsartxn_processor_commit_latency_seconds_count{key}"] == 3
-        assert m['pulsartxn_processor_commit_latency_seconds_bucket{pipeline="metrics-job",le="+Inf",'
-                 'runtime="processor"}'] == 3
+        assert m['pulsartxn_processor_commit_latency_seconds_bucket{le="+Inf",pipeline="metrics-job",'
+                 'runtime="processor"}'] == 3  # labels in name order, as the exposition writes them
         assert m[f"pulsartxn_processor_commit_latency_seconds_sum{key}"] > 0
         assert m[f"pulsartxn_processor_last_commit_timestamp_seconds{key}"] <= time.time()
         assert m[f"pulsartxn_processor_backlog_messages{{pipeline=\"metrics-job\",runtime=\"processor\","
