@@ -24,7 +24,7 @@ from api_server import TOKEN, ApiServer
 
 pytest.importorskip("fastapi")  # the api extra
 
-ADMIN_TIMEOUT_S = 20.0
+ADMIN_TIMEOUT_S = 6.0
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_probes_are_open_and_readiness_ignores_the_broker(tmp_path: Path, silent
         assert server.request("GET", "/livez") == (200, {"status": "alive"})
         t0 = time.monotonic()
         assert server.request("GET", "/readyz") == (200, {"status": "ready", "database": True})
-        assert time.monotonic() - t0 < ADMIN_TIMEOUT_S / 4  # the broker was not waited for
+        assert time.monotonic() - t0 < ADMIN_TIMEOUT_S / 2  # the broker was not waited for
         # everything else still needs the token; /health is where the broker's outage shows
         assert server.request("GET", "/health")[0] == 401
         assert server.request("GET", "/jobs")[0] == 401

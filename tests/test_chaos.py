@@ -123,17 +123,17 @@ def test_chaos_fleet(restartable_broker, tmp_path):
 @pytest.mark.timeout(480)
 def test_chaos_network(broker, tmp_path):
     """The fleet of 3 on a 4-partition input reaches the broker through the real Pulsar Proxy, and
-    between each instance and the proxy a relay breaks the network: a 10 s stall (sockets open,
+    between each instance and the proxy a relay breaks the network: a 6 s stall (sockets open,
     nothing moves), two resets (connections closed with an RST: every instance's, then one
-    instance's) and a 45 s black hole on every instance (longer than the 30 s keep-alive interval
+    instance's) and a 35 s black hole on every instance (longer than the 30 s keep-alive interval
     and the 15 s transaction timeout: silence both ways, new connections accepted but silent, then
     every broken connection reset). Live traffic paced by the fleet (about 3000 inputs kept
     unprocessed until the last fault, so the faults land in the middle of batches; the generator
     and the verifier talk to the broker directly). Exactly once, and the fleet drains every input
     by itself after the last fault. About 2-2.5 minutes on 2 cores (with the proxy's start)."""
     res = run_chaos(broker, tmp_path / "chaos", shape=USERS_P4, n=300_000, backlog=3000, kills=0, broker_restarts=0,
-                    zombies=0, instances=3, net_stalls=1, net_resets=2, net_blackholes=1, net_stall_s=10,
-                    net_blackhole_s=45, net_scope="mixed", fault_gap_s=(3, 5), txn_timeout_ms=15000, seed=59,
+                    zombies=0, instances=3, net_stalls=1, net_resets=2, net_blackholes=1, net_stall_s=6,
+                    net_blackhole_s=35, net_scope="mixed", fault_gap_s=(3, 5), txn_timeout_ms=15000, seed=59,
                     drain_limit_s=90, time_limit_s=400)
     assert (res.net_stalls, res.net_resets, res.net_blackholes, res.instances) == (1, 2, 1, 3)
     assert res.net_conns_reset > 0 and res.net_dropped_bytes > 0  # the faults really hit the fleet
