@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .consumer.async_consumer import seek_target
 from .context import ClientContext
 from .message import EARLIEST, LATEST, Message, MessageId
 from .topic import parse_topic
@@ -45,6 +46,14 @@ class AsyncReader:
             self._last = mid
             self._sub.resume_from = mid
             return m
+
+    async def seek(self, messageid: MessageId | int) -> None:
+        """Reset the reader to a message id or a publish time (int, ms since the epoch)."""
+        self._consumer.check_open()
+        target = seek_target(messageid)
+        await self._sub.seek(target)
+        self._last = None
+        self._start = target if isinstance(target, MessageId) else EARLIEST
 
     async def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on the topic (ledger -1 if it is empty)."""

@@ -306,6 +306,10 @@ class Consumer:
         """Close (pending acks are flushed first)."""
         self._lt.run(self._inner.close())
 
+    def seek(self, messageid: MessageId | int) -> None:
+        """Reset the subscription to a message id or a publish time (int, ms since the epoch)."""
+        self._lt.run(self._inner.seek(messageid))
+
     def is_connected(self) -> bool:
         """True when subscribed on every topic/partition."""
         return self._inner.is_connected()
@@ -330,6 +334,10 @@ class Reader:
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         return self._lt.run(self._inner.read_next(timeout_millis))
+
+    def seek(self, messageid: MessageId | int) -> None:
+        """Reset the reader to a message id or a publish time (int, ms since the epoch)."""
+        self._lt.run(self._inner.seek(messageid))
 
     def has_message_available(self) -> bool:
         """True if a message after the last one read is stored."""

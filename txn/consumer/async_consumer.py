@@ -334,6 +334,17 @@ class AsyncConsumer:
         for s in self.topic_consumers:
             s.redeliver(None)
 
+    async def seek(self, messageid: MessageId | int) -> None:
+        """Reset the subscription to a message id or a publish time (int, ms since the epoch).
+
+        As in ``pulsar-client``, only on a single (non-partitioned) topic or one partition; messages
+        received before the seek are dropped and never handed out."""
+        self.check_open()
+        target = seek_target(messageid)
+        if len(self.topic_consumers) != 1:
+            raise ValueError("seek is only supported on a non-partitioned topic or a single partition")
+        await self.topic_consumers[0].seek(target, exclusive=True)
+
     def is_connected(self) -> bool:
         """True when every topic/partition has a live subscription (False once closed)."""
         return not self._closed and all(s.ready.is_set() for s in self.topic_consumers)
@@ -361,3 +372,14 @@ class AsyncConsumer:
         for task in (self._ticker, self._discoverer):
             if task is not None:
                 task.cancel()
+
+
+def seek_target(messageid: object) -> MessageId | int:
+    """Check a seek argument: a :class:`MessageId` or a non-negative int timestamp (ms)."""
+    if isinstance(messageid, MessageId):
+        return messageid
+    if isinstance(messageid, int) and not isinstance(messageid, bool):
+        if messageid < 0:
+            raise ValueError(f"seek timestamp must be >= 0, got {messageid}")
+        return messageid
+    raise ValueError(f"seek expects a MessageId or an int timestamp, got {type(messageid).__name__}")

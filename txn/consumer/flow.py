@@ -65,6 +65,7 @@ class MessageFlow:
     partition: int
     consumer_id: int
     payload_limit: int
+    seek_skip: MessageId | None
     _conn: Connection | None
     _epoch: int
 
@@ -120,10 +121,30 @@ class MessageFlow:
             self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
                          f"undecodable payload: {exc.message}", mid, charged)
             return
+        if self.seek_skip is not None and msgs:
+            msgs = self._after_seek(msgs)
         # Acknowledged indexes were not charged; compacted-away ones were, and come back here.
         self._skip(charged - len(msgs))
         if msgs:
             self.parent.receive_queue.put_many(msgs)
+
+    def _after_seek(self, msgs: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        """Drop the messages up to and including the target of an exclusive seek."""
+        target = self.seek_skip
+        assert target is not None
+        pos = (target.ledger_id(), target.entry_id())
+        index = target.batch_index()
+        first = msgs[0].message_id()
+        here = (first.ledger_id(), first.entry_id())
+        if here > pos:
+            self.seek_skip = None
+            return msgs
+        if here < pos:
+            return []
+        kept = [m for m in msgs if index >= 0 and m.message_id().batch_index() > index]
+        if kept or index < 0 or msgs[-1].message_id().batch_index() >= index:
+            self.seek_skip = None
+        return kept
 
     def _reject(self, kind: type[CorruptMessage], what: str, mid: pb.MessageIdData, permits: int) -> None:
         """Report a corrupt entry in the receive queue, in its place; it stays unacknowledged.

@@ -12,7 +12,7 @@ from typing import Any
 from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
 from ..errors import ConnectError, PulsarError
-from ..message import Message, MessageId
+from ..message import EARLIEST, LATEST, Message, MessageId
 from ..protocol import pb
 from ..protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
 from .acks import AckTracker
@@ -66,6 +66,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.end_of_topic = False
         self.active = True
         self.resume_from: MessageId | None = None  # non-durable readers: where a resubscribe starts
+        self.seek_skip: MessageId | None = None  # after an exclusive seek: skip up to this id
         self.payload_limit = DEFAULT_MAX_MESSAGE_SIZE  # bound on a decompressed entry; set at subscribe
 
     def __hash__(self) -> int:
@@ -198,6 +199,38 @@ class TopicConsumer(MessageFlow, AckTracker):
         resp = await conn.request(command(T.GET_LAST_MESSAGE_ID, consumer_id=self.consumer_id, request_id=rid), rid)
         check_error(resp, "get last message id", topic=self.topic)
         return resp.getLastMessageIdResponse
+
+    async def seek(self, target: MessageId | int, exclusive: bool = False) -> None:
+        """Move the subscription's cursor to a message id or a publish time (ms since the epoch).
+
+        The broker answers, then closes this consumer, which resubscribes; whatever was queued
+        before the seek is dropped so that no pre-seek message is handed out. With ``exclusive``,
+        the message ``target`` itself (and what precedes it in its batch) is skipped too."""
+        if not self.ready.is_set():
+            await asyncio.wait_for(self.ready.wait(), self.ctx.operation_timeout)
+        conn = self._conn
+        if conn is None:
+            raise ConnectError("consumer is not connected", topic=self.topic)
+        rid = next_request_id()
+        fields: dict[str, Any] = {"consumer_id": self.consumer_id, "request_id": rid}
+        if isinstance(target, MessageId):
+            fields["message_id"] = target.to_pb()
+            self.resume_from = target
+            special = target.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
+            self.seek_skip = target if exclusive and not special else None
+        else:
+            self.seek_skip = None
+            fields["message_publish_time"] = target
+            self.resume_from = None
+        resp = await conn.request(command(T.SEEK, **fields), rid)
+        check_error(resp, "seek", topic=self.topic)
+        if self._conn is conn:
+            # The broker's close is still on its way: stop taking this session's messages now.
+            conn.consumers.pop(self.consumer_id, None)
+            self._lost(ConnectError("seek", topic=self.topic))
+        else:
+            self.parent.receive_queue.remove_where(
+                lambda m: m.consumer is self or getattr(m, "owner", None) is self)
 
     # -------------------------------------------------------------------- close
 

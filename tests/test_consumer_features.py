@@ -1,0 +1,157 @@
+"""Consumer and producer features side by side with the official ``pulsar-client`` (issue 19,
+section 2): each test runs the same calls on both clients and asserts the same outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pulsar
+import pytest
+
+import txn
+
+
+@pytest.fixture
+def clients(broker: Any) -> Iterator[dict[str, Any]]:
+    """``{"pulsar": official client, "txn": ours}``, both on the test broker."""
+    theirs = pulsar.Client(broker.service_url)
+    ours = txn.Client(broker.service_url)
+    try:
+        yield {"pulsar": theirs, "txn": ours}
+    finally:
+        ours.close()
+        theirs.close()
+
+
+BOTH = ["pulsar", "txn"]
+
+
+def _produce(client: Any, topic: str, n: int, gap_s: float = 0.0) -> list[Any]:
+    """Send ``m0``..``m{n-1}`` unbatched; return their (id, publish time) pairs."""
+    p = client.create_producer(topic, batching_enabled=False)
+    out = []
+    for i in range(n):
+        out.append(p.send(f"m{i}".encode()))
+        if gap_s:
+            time.sleep(gap_s)
+    p.close()
+    return out
+
+
+def _drain(receive: Callable[[int], Any], timeout_ms: int = 1500) -> list[bytes]:
+    got = []
+    while True:
+        try:
+            got.append(receive(timeout_ms).data())
+        except Exception as exc:  # both clients' Timeout
+            assert "imeout" in type(exc).__name__ or "imeout" in str(exc), exc
+            return got
+
+
+def _mid(side: str, mid: Any) -> Any:
+    """The same id in the other client's type (by its serialized bytes)."""
+    cls = pulsar.MessageId if side == "pulsar" else txn.MessageId
+    return cls.deserialize(mid.serialize())
+
+
+# ====================================================================== seek
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_consumer_seek_by_message_id(clients: dict[str, Any], topic: str, side: str) -> None:
+    c = clients[side]
+    consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest
+                           if side == "pulsar" else txn.InitialPosition.Earliest)
+    ids = _produce(c, topic, 6)
+    got = [consumer.receive(5000) for _ in range(6)]
+    for m in got:
+        consumer.acknowledge(m)
+    consumer.seek(_mid(side, ids[2]))
+    # The official client resumes after the id sought (start_message_id_inclusive=False).
+    assert _drain(consumer.receive) == [b"m3", b"m4", b"m5"]
+    consumer.seek(pulsar.MessageId.earliest if side == "pulsar" else txn.MessageId.earliest)
+    assert _drain(consumer.receive) == [f"m{i}".encode() for i in range(6)]
+    consumer.close()
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_consumer_seek_drops_queued_messages(clients: dict[str, Any], topic: str, side: str) -> None:
+    """Messages received into the queue but not yet taken are not handed out after a seek."""
+    c = clients[side]
+    pos = pulsar.InitialPosition.Earliest if side == "pulsar" else txn.InitialPosition.Earliest
+    ids = _produce(c, topic, 10)
+    consumer = c.subscribe(topic, "s", initial_position=pos)
+    assert consumer.receive(5000).data() == b"m0"
+    time.sleep(0.5)  # the rest arrives in the receive queue
+    consumer.seek(_mid(side, ids[7]))
+    assert _drain(consumer.receive) == [b"m8", b"m9"]
+    consumer.close()
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_consumer_seek_by_publish_time(clients: dict[str, Any], topic: str, side: str) -> None:
+    c = clients[side]
+    pos = pulsar.InitialPosition.Earliest if side == "pulsar" else txn.InitialPosition.Earliest
+    consumer = c.subscribe(topic, "s", initial_position=pos)
+    _produce(c, topic, 4, gap_s=0.05)
+    got = [consumer.receive(5000) for _ in range(4)]
+    for m in got:
+        consumer.acknowledge(m)
+    consumer.seek(got[2].publish_timestamp())
+    assert _drain(consumer.receive) == [b"m2", b"m3"]
+    consumer.seek(0)
+    assert _drain(consumer.receive) == [b"m0", b"m1", b"m2", b"m3"]
+    consumer.close()
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_reader_seek_by_message_id_and_publish_time(clients: dict[str, Any], topic: str, side: str) -> None:
+    c = clients[side]
+    ids = _produce(c, topic, 5, gap_s=0.05)
+    earliest = pulsar.MessageId.earliest if side == "pulsar" else txn.MessageId.earliest
+    reader = c.create_reader(topic, earliest)
+    got = [reader.read_next(5000) for _ in range(5)]
+    assert [m.data() for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    reader.seek(_mid(side, ids[1]))
+    first = _drain(reader.read_next)
+    reader.seek(got[3].publish_timestamp())
+    second = _drain(reader.read_next)
+    reader.close()
+    # What the official client does (asserted for both):
+    assert first == [b"m2", b"m3", b"m4"]
+    assert second == [b"m3", b"m4"]
+
+
+def test_seek_arguments_are_checked_like_the_official_client(clients: dict[str, Any], topic: str) -> None:
+    for side in BOTH:
+        consumer = clients[side].subscribe(topic, f"s-{side}")
+        with pytest.raises(ValueError):
+            consumer.seek("abc")
+        consumer.close()
+
+
+def test_async_consumer_and_reader_seek(broker: Any, topic: str) -> None:
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        async with txn.AsyncClient(broker.service_url) as client:
+            producer = await client.create_producer(topic, batching_enabled=False)
+            ids = [await producer.send(f"m{i}".encode()) for i in range(4)]
+            consumer = await client.subscribe(topic, "s", initial_position=txn.InitialPosition.Earliest)
+            for _ in range(4):
+                consumer.acknowledge(await consumer.receive(5000))
+            await consumer.seek(ids[1])
+            a = [(await consumer.receive(5000)).data() for _ in range(2)]
+            reader = await client.create_reader(topic, txn.MessageId.earliest)
+            for _ in range(4):
+                await reader.read_next(5000)
+            await reader.seek(ids[2])
+            b = [(await reader.read_next(5000)).data() for _ in range(1)]
+            await consumer.close()
+            await reader.close()
+            return a, b
+
+    a, b = asyncio.run(main())
+    assert a == [b"m2", b"m3"]
+    assert b == [b"m3"]
