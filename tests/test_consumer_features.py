@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pulsar
@@ -155,3 +156,68 @@ def test_async_consumer_and_reader_seek(broker: Any, topic: str) -> None:
     a, b = asyncio.run(main())
     assert a == [b"m2", b"m3"]
     assert b == [b"m3"]
+
+
+# ====================================================================== deliver_at / deliver_after
+
+
+def _shared(side: str) -> Any:
+    return pulsar.ConsumerType.Shared if side == "pulsar" else txn.ConsumerType.Shared
+
+
+@pytest.mark.parametrize("side", BOTH)
+@pytest.mark.parametrize("how", ["deliver_after", "deliver_at"])
+def test_delayed_delivery_to_a_shared_subscription(clients: dict[str, Any], topic: str, side: str,
+                                                    how: str) -> None:
+    """A delayed message reaches a Shared consumer no earlier than its time; the one sent after
+    it without a delay comes first. Batching on: a delayed message is sent on its own."""
+    c = clients[side]
+    consumer = c.subscribe(topic, "s", consumer_type=_shared(side))
+    producer = c.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=10)
+    delay_ms = 2500
+    sent = int(time.time() * 1000)
+    if how == "deliver_after":
+        producer.send(b"late", deliver_after=timedelta(milliseconds=delay_ms))
+    else:
+        producer.send(b"late", deliver_at=sent + delay_ms)
+    producer.send(b"now")
+    first = consumer.receive(5000)
+    assert first.data() == b"now"
+    consumer.acknowledge(first)
+    late = consumer.receive(10000)
+    arrived = int(time.time() * 1000)
+    assert late.data() == b"late"
+    assert arrived >= sent + delay_ms
+    consumer.acknowledge(late)
+    producer.close()
+    consumer.close()
+
+
+def test_delayed_delivery_arguments_are_checked_like_the_official_client(clients: dict[str, Any],
+                                                                         topic: str) -> None:
+    for side in BOTH:
+        producer = clients[side].create_producer(topic)
+        for kwargs in ({"deliver_at": "soon"}, {"deliver_after": 5}):
+            with pytest.raises(ValueError):
+                producer.send(b"x", **kwargs)
+            with pytest.raises(ValueError):
+                producer.send_async(b"x", None, **kwargs)
+        producer.close()
+
+
+def test_async_producer_deliver_after(broker: Any, topic: str) -> None:
+    async def main() -> tuple[int, int]:
+        async with txn.AsyncClient(broker.service_url) as client:
+            consumer = await client.subscribe(topic, "s", consumer_type=txn.ConsumerType.Shared)
+            producer = await client.create_producer(topic)
+            sent = int(time.time() * 1000)
+            await producer.send(b"late", deliver_after=timedelta(seconds=2))
+            m = await consumer.receive(10000)
+            arrived = int(time.time() * 1000)
+            consumer.acknowledge(m)
+            await producer.close()
+            await consumer.close()
+            return sent, arrived
+
+    sent, arrived = asyncio.run(main())
+    assert arrived >= sent + 2000

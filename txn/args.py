@@ -7,6 +7,8 @@ helpers do the same for the arguments ``txn`` shares with it.
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any
 
 _Kind = type | tuple[type, ...]
@@ -38,6 +40,16 @@ def check_send(properties: Any, partition_key: Any, ordering_key: Any, sequence_
     check_type_or_none(str, ordering_key, "ordering_key")
     check_type_or_none(int, sequence_id, "sequence_id")
     check_type_or_none(int, event_timestamp, "event_timestamp")
+
+
+def deliver_time(deliver_at: Any, deliver_after: Any) -> int | None:
+    """Check ``send``'s ``deliver_at`` (ms since the epoch) and ``deliver_after`` (a ``timedelta``)
+    as the official client does; the delivery time in ms, or None (``deliver_after`` wins)."""
+    check_type_or_none(int, deliver_at, "deliver_at")
+    check_type_or_none(timedelta, deliver_after, "deliver_after")
+    if deliver_after:
+        return int(time.time() * 1000) + deliver_after // timedelta(milliseconds=1)
+    return deliver_at or None
 
 
 #: A number of seconds or milliseconds: the official client wants an int; ``txn`` also takes a float.

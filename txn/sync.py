@@ -12,9 +12,10 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from .args import NUMBER, check_send, check_type_or_none
+from .args import NUMBER, check_send, check_type_or_none, deliver_time
 from .auth import Authentication
 from .bridge import LoopThread
 from .client import AsyncClient
@@ -108,12 +109,14 @@ class Producer:
         *,
         event_timestamp: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
         """Send and block until the broker confirms; returns the :class:`MessageId`.
 
-        The message arguments come in the official ``send``'s order (``event_timestamp`` and
-        ``txn`` by keyword); bad types raise ``ValueError`` as there. An open batch goes out at
-        once, as the official blocking ``send`` flushes it."""
+        The message arguments come in the official ``send``'s order (``event_timestamp``, ``txn``,
+        ``deliver_at`` and ``deliver_after`` by keyword); bad types raise ``ValueError`` as there.
+        An open batch goes out at once, as the official blocking ``send`` flushes it."""
         return self._lt.run(
             self._inner.send_now(
                 content,
@@ -123,6 +126,8 @@ class Producer:
                 sequence_id=sequence_id,
                 event_timestamp=event_timestamp,
                 txn=txn.async_transaction if txn is not None else None,
+                deliver_at=deliver_at,
+                deliver_after=deliver_after,
             )
         )
 
@@ -137,6 +142,8 @@ class Producer:
         *,
         event_timestamp: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> None:
         """Queue a message; ``callback(result, message_id)`` runs on the client's thread.
 
@@ -144,15 +151,17 @@ class Producer:
         ``block_if_queue_full`` was set, otherwise raises :class:`ProducerQueueIsFull`.
         """
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
+        deliver_time(deliver_at, deliver_after)
         self._inner.check_content(content)
-        if txn is not None:
-            t = txn.async_transaction
-            t.check_open()
+        if txn is not None or deliver_at or deliver_after:
+            t = txn.async_transaction if txn is not None else None
+            if t is not None:
+                t.check_open()
 
             async def go() -> None:
                 fut = await self._inner.send_async(
                     content, callback, properties, partition_key, ordering_key, sequence_id,
-                    event_timestamp=event_timestamp, txn=t,
+                    event_timestamp=event_timestamp, txn=t, deliver_at=deliver_at, deliver_after=deliver_after,
                 )
                 del fut
 

@@ -114,10 +114,13 @@ class Accumulator:
         sequence_id: int | None,
         txn: TxnID,
         ordering_key: bytes | None = None,
+        deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future resolved with its id on receipt.
 
-        The caller checked the window. Raises on a closed producer or an oversize message.
+        The caller checked the window. Raises on a closed producer or an oversize message. A
+        message with a delivery time (ms since the epoch) is never batched, as in the official
+        client: the open batch goes first, then the message as an entry of its own.
         """
         self.check_usable()
         self.check_size(content)
@@ -131,7 +134,7 @@ class Accumulator:
             self._seq = max(self._seq, seq + 1)
         self.queued += 1
         conf = self.conf
-        if not conf.batching_enabled:
+        if not conf.batching_enabled or deliver_at is not None:
             meta = pb.MessageMetadata(
                 producer_name=self.producer_name,
                 sequence_id=seq,
@@ -144,6 +147,9 @@ class Accumulator:
                 meta.ordering_key = ordering_key
             if event_timestamp:
                 meta.event_time = event_timestamp
+            if deliver_at is not None:
+                meta.deliver_at_time = deliver_at
+                self._flush_batch()
             self._push(seq, seq, meta, content, [fut], False, txn)
             return fut
         smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=seq, properties=_kv(properties))

@@ -6,9 +6,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..args import check_send
+from ..args import check_send, deliver_time
 from ..context import ClientContext
 from ..errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
 from ..message import MessageId, TxnID
@@ -110,20 +111,25 @@ class AsyncProducer:
         *,
         event_timestamp: int | None = None,
         txn: AsyncTransaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message; returns a future of its :class:`MessageId`.
 
         The message arguments come in the official ``send``'s order; bad types raise
-        ``ValueError`` before anything is queued. Awaits for room in the pending window when
-        ``block_if_queue_full`` is set, otherwise raises :class:`ProducerQueueIsFull` when it is full.
+        ``ValueError`` before anything is queued. ``deliver_at`` (ms since the epoch) or
+        ``deliver_after`` delay its delivery to Shared and Key_Shared subscriptions. Awaits for
+        room in the pending window when ``block_if_queue_full`` is set, otherwise raises
+        :class:`ProducerQueueIsFull` when it is full.
         """
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
+        deliver = deliver_time(deliver_at, deliver_after)
         data = self.check_content(content)
         part = self._route(partition_key)
         part.check_usable()
         tid = await self._admit(part, txn)
         fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid,
-                           None if ordering_key is None else ordering_key.encode())
+                           None if ordering_key is None else ordering_key.encode(), deliver)
         if txn is not None:
             txn.add_op(fut)
         if callback is not None:
@@ -208,6 +214,8 @@ class AsyncProducer:
         *,
         event_timestamp: int | None = None,
         txn: AsyncTransaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
         """Send a message and wait for the broker's receipt (arguments as in :meth:`send_async`).
 
@@ -222,6 +230,8 @@ class AsyncProducer:
             sequence_id=sequence_id,
             event_timestamp=event_timestamp,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         return await fut
 
@@ -235,6 +245,8 @@ class AsyncProducer:
         *,
         event_timestamp: int | None = None,
         txn: AsyncTransaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
         """:meth:`send`, but the open batch goes out at once rather than after the publish delay
         (what the blocking ``Producer.send`` does, as the official client's)."""
@@ -246,6 +258,8 @@ class AsyncProducer:
             sequence_id=sequence_id,
             event_timestamp=event_timestamp,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         if self.conf.batching_enabled:
             self.flush_now()
