@@ -4,6 +4,7 @@
 they overlap the official ``pulsar-client`` API, names and parameters match.
 """
 
+from . import schema as schema
 from .auth import (
     Authentication,
     AuthenticationBasic,
@@ -24,6 +25,7 @@ from .errors import (
     CoordinatorNotFound,
     CorruptMessage,
     EncryptedMessage,
+    IncompatibleSchema,
     InvalidTopicName,
     InvalidTxnStatus,
     InvalidTxnStatusError,
@@ -84,6 +86,7 @@ __all__ = [
     "CorruptMessage",
     "EncryptedMessage",
     "HashingScheme",
+    "IncompatibleSchema",
     "InitialPosition",
     "InvalidTopicName",
     "InvalidTxnStatus",

@@ -23,8 +23,18 @@ from .pool import MAX_PARTITIONS, ConnectionPool
 from .producer import AsyncProducer, HashingScheme, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
 from .reader import AsyncReader, create_reader
+from .schema import BytesSchema, Schema
 from .topic import parse_topic
 from .transaction import AsyncTransaction
+
+
+def _no_bytes(schema: Schema | None) -> Schema | None:
+    """``schema`` checked; ``BytesSchema`` is the same as none (nothing registered, nothing decoded)."""
+    if schema is None or isinstance(schema, BytesSchema):
+        return None
+    if not isinstance(schema, Schema):
+        raise ValueError(f"schema must be a txn.schema.Schema, not {type(schema).__name__}")
+    return schema
 
 
 class AsyncClient:
@@ -159,6 +169,8 @@ class AsyncClient:
         properties: dict[str, str] | None = None,
         access_mode: ProducerAccessMode = ProducerAccessMode.Shared,
         hashing_scheme: HashingScheme = HashingScheme.BoostHash,
+        *,
+        schema: Schema | None = None,
     ) -> AsyncProducer:
         """Create a producer; raises the broker's typed error if it refuses.
 
@@ -197,6 +209,7 @@ class AsyncClient:
             properties=dict(properties or {}),
             access_mode=ProducerAccessMode(access_mode),
             hashing_scheme=HashingScheme(hashing_scheme),
+            schema=_no_bytes(schema),
         )
         p = AsyncProducer(self._ctx, name, conf)
         await p.start()
@@ -215,6 +228,8 @@ class AsyncClient:
         negative_ack_redelivery_delay_ms: int = 60000,
         properties: dict[str, str] | None = None,
         ack_grouping_time_ms: int = 100,
+        *,
+        schema: Schema | None = None,
     ) -> AsyncConsumer:
         """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``)."""
         self._check()
@@ -245,6 +260,7 @@ class AsyncClient:
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
             ack_grouping_time_ms=ack_grouping_time_ms,
             properties=dict(properties or {}),
+            schema=_no_bytes(schema),
         )
         c = AsyncConsumer(self._ctx, names, conf)
         await c.start()

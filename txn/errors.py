@@ -321,6 +321,12 @@ class OwnershipLost(PulsarError):
     are left to the new owner. ``topic`` names the input partition."""
 
 
+class IncompatibleSchema(PulsarError):
+    """The broker's schema registry refused the producer's or consumer's schema."""
+
+    result = Result.IncompatibleSchema
+
+
 class NotAllowed(PulsarError):
     """The broker does not allow the operation."""
 
@@ -352,6 +358,7 @@ _BY_SERVER_ERROR: dict[str, type[PulsarError]] = {
     "TransactionConflict": TransactionConflict,
     "TransactionNotFound": TransactionNotFound,
     "ProducerFenced": ProducerFenced,
+    "IncompatibleSchema": IncompatibleSchema,
 }
 
 

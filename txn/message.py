@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import total_ordering
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from .protocol import pb
 
@@ -238,9 +238,10 @@ class Message:
         """The payload."""
         return self._data
 
-    def value(self) -> bytes:
-        """The payload (alias of :meth:`data`)."""
-        return self._data
+    def value(self) -> Any:
+        """The payload decoded by the receiving consumer's ``schema`` (the bytes when it has none)."""
+        schema = getattr(getattr(self.consumer, "conf", None), "schema", None)
+        return self._data if schema is None else schema.decode(self._data)
 
     def properties(self) -> dict[str, str]:
         """Application properties."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from ..message import MessageId
 
@@ -45,3 +46,5 @@ class ConsumerConfig:
     #: to partitions added since (as the official client's ``partitionsUpdateInterval``, 60 s).
     #: A partition consumer closed by the broker or resubscribed after that also triggers a check.
     partitions_update_interval_ms: int = 60000
+    #: a :class:`txn.schema.Schema`: checked with the broker at subscribe; ``Message.value()`` decodes by it
+    schema: Any = None

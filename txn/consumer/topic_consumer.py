@@ -15,6 +15,7 @@ from ..errors import ConnectError, PulsarError
 from ..message import EARLIEST, LATEST, Message, MessageId
 from ..protocol import pb
 from ..protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
+from ..schema import schema_to_pb
 from .acks import AckTracker
 from .config import ConsumerType
 from .flow import MessageFlow
@@ -100,6 +101,10 @@ class TopicConsumer(MessageFlow, AckTracker):
         }
         if conf.consumer_name:
             fields["consumer_name"] = conf.consumer_name
+        if conf.schema is not None:
+            wire_schema = schema_to_pb(conf.schema)
+            if wire_schema is not None:
+                fields["schema"] = wire_schema
         start = self.resume_from or conf.start_message_id
         if not conf.durable and start is not None:
             fields["start_message_id"] = start.to_pb()

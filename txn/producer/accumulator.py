@@ -61,6 +61,7 @@ class Accumulator:
     queued: int
     conn: Connection | None
     ready: bool
+    schema_version: bytes | None
     _pending: deque[_Op]
     _batch: _Batch | None
     _batch_timer: asyncio.TimerHandle | None
@@ -253,6 +254,8 @@ class Accumulator:
         batched: bool,
         txn: TxnID,
     ) -> None:
+        if self.schema_version is not None:
+            meta.schema_version = self.schema_version
         codec = self.conf.compression_type
         if codec != CompressionType.NONE:
             meta.compression = int(codec)

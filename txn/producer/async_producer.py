@@ -94,6 +94,8 @@ class AsyncProducer:
         """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like."""
         if self._closed:
             raise AlreadyClosed("producer is closed", topic=self._topic)
+        if self.conf.schema is not None:
+            content = self.conf.schema.encode(content)
         if isinstance(content, str):
             raise TypeError("content must be bytes; encode str payloads first")
         if not isinstance(content, (bytes, bytearray, memoryview)):

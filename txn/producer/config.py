@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from ..message import TxnID
 from ..protocol import CompressionType, pb
@@ -44,6 +45,8 @@ class ProducerConfig:
     properties: dict[str, str] = field(default_factory=dict)
     access_mode: ProducerAccessMode = ProducerAccessMode.Shared
     hashing_scheme: HashingScheme = HashingScheme.BoostHash
+    #: a :class:`txn.schema.Schema`: registered with the broker, and ``send`` encodes values with it
+    schema: Any = None
 
 
 def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:

@@ -46,5 +46,6 @@ class PartitionProducer(Accumulator, Sender):
         self._epoch = 0
         self.reconnects = 0  # re-creations after the first: a resend may have happened
         self._topic_epoch: int | None = None
+        self.schema_version: bytes | None = None  # from PRODUCER_SUCCESS when a schema is set
         self.max_message_size = 5 * 1024 * 1024
         self.last_sequence_id_published = -1

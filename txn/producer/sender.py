@@ -16,6 +16,7 @@ from ..context import ClientContext
 from ..errors import AlreadyClosed, ConnectError, ProducerFenced, PulsarError, Timeout, from_server_error
 from ..message import MessageId, signed64
 from ..protocol import pb
+from ..schema import schema_to_pb
 from .accumulator import _Batch, _Op
 from .config import _NO_TXN, ProducerAccessMode, ProducerConfig, _kv
 
@@ -38,6 +39,7 @@ class Sender:
     _timeout_task: asyncio.Task[None] | None
     _epoch: int
     _topic_epoch: int | None
+    schema_version: bytes | None
     reconnects: int
     max_message_size: int
     last_sequence_id_published: int
@@ -95,6 +97,10 @@ class Sender:
         }
         if self._topic_epoch is not None:
             fields["topic_epoch"] = self._topic_epoch
+        if self.conf.schema is not None:
+            wire_schema = schema_to_pb(self.conf.schema)
+            if wire_schema is not None:
+                fields["schema"] = wire_schema
         if self.producer_name:
             fields["producer_name"] = self.producer_name
             fields["user_provided_producer_name"] = self._user_named
@@ -117,6 +123,8 @@ class Sender:
         self.producer_name = ok.producer_name
         if ok.HasField("topic_epoch"):
             self._topic_epoch = ok.topic_epoch
+        if ok.HasField("schema_version"):
+            self.schema_version = ok.schema_version
         self.conn = conn
         self.max_message_size = conn.max_message_size
         if self._seq < 0:
