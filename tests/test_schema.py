@@ -211,3 +211,21 @@ def test_two_compatible_json_versions_decode_with_ours(client, official, topic, 
     o = official.subscribe(topic, "o", initial_position=pulsar.InitialPosition.Earliest,
                            schema=ps.JsonSchema(_v(ps, True)))
     assert [m.schema_version() for m in read_n(o, 2)] == ["\x00" * 8, "\x00" * 7 + "\x01"]
+
+
+def test_two_compatible_avro_versions_decode_by_their_writer(client, official, topic):
+    v1, v2 = _v(ts, False), _v(ts, True)
+    p1 = client.create_producer(topic, schema=ts.AvroSchema(v1), batching_enabled=False)
+    p1.send(v1(id=1))
+    o1 = _v(ps, False)
+    official.create_producer(topic, schema=ps.AvroSchema(o1)).send(o1(id=2))
+    p2 = client.create_producer(topic, schema=ts.AvroSchema(v2))  # version 1: the optional field added
+    p2.send(v2(id=3, note="n"))
+    new = client.subscribe(topic, "new", initial_position=txn.InitialPosition.Earliest, schema=ts.AvroSchema(v2))
+    assert [m.value() for m in _receive(new, 3)] == [v2(id=1), v2(id=2), v2(id=3, note="n")]
+    old = client.subscribe(topic, "old", initial_position=txn.InitialPosition.Earliest, schema=ts.AvroSchema(v1))
+    assert [m.value() for m in _receive(old, 3)] == [v1(id=1), v1(id=2), v1(id=3)]
+    # and the official consumer reads what we wrote under both versions alike
+    o = official.subscribe(topic, "o", initial_position=pulsar.InitialPosition.Earliest,
+                           schema=ps.AvroSchema(_v(ps, True)))
+    assert [m.value().id for m in read_n(o, 3)] == [1, 2, 3]

@@ -44,6 +44,7 @@ _RESPONSES: dict[int, str] = {
     T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE: "addSubscriptionToTxnResponse",
     T.END_TXN_RESPONSE: "endTxnResponse",
     T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
+    T.GET_SCHEMA_RESPONSE: "getSchemaResponse",
 }
 
 # Field of the command type used when *sending* it.
@@ -70,6 +71,7 @@ _FIELD_FOR_TYPE: dict[int, str] = {
     T.ADD_SUBSCRIPTION_TO_TXN: "addSubscriptionToTxn",
     T.END_TXN: "endTxn",
     T.TC_CLIENT_CONNECT_REQUEST: "tcClientConnectRequest",
+    T.GET_SCHEMA: "getSchema",
 }
 
 _request_ids = itertools.count(1)

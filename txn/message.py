@@ -241,7 +241,10 @@ class Message:
     def value(self) -> Any:
         """The payload decoded by the receiving consumer's ``schema`` (the bytes when it has none)."""
         schema = getattr(getattr(self.consumer, "conf", None), "schema", None)
-        return self._data if schema is None else schema.decode(self._data)
+        if schema is None:
+            return self._data
+        version = getattr(self, "schema_version", None)
+        return schema.decode(self._data) if version is None else schema.decode_version(self._data, self._topic, version)
 
     def properties(self) -> dict[str, str]:
         """Application properties."""
@@ -307,7 +310,7 @@ class ReceivedMessage(Message):
     is the message's index in that entry (-1 when not batched).
     """
 
-    __slots__ = ("entry", "batch_index", "_txn")
+    __slots__ = ("entry", "batch_index", "_txn", "schema_version")
 
     def __init__(
         self,

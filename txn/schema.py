@@ -356,6 +356,17 @@ class Schema:
     def decode(self, data: bytes) -> Any:
         raise NotImplementedError
 
+    def decode_version(self, data: bytes, topic: str, version: bytes) -> Any:
+        """Decode ``data`` written with schema ``version`` of ``topic`` (only Avro needs the writer's definition)."""
+        return self.decode(data)
+
+    def needs_writer(self, topic: str, version: bytes) -> bool:
+        """True if decoding that version needs its definition from the registry (not yet known)."""
+        return False
+
+    def add_writer(self, topic: str, version: bytes, type_id: int, definition: str) -> None:
+        """Remember the registry's definition of ``version`` (see :meth:`needs_writer`)."""
+
     def _check(self, obj: Any) -> None:
         if self._record_cls is not None and not isinstance(obj, self._record_cls):
             raise TypeError(f"Invalid record obj of type {type(obj)} - expected type is {self._record_cls}")
@@ -421,7 +432,22 @@ class AvroSchema(Schema):
         definition = record_cls.schema() if record_cls is not None else schema_definition
         self._definition = definition
         self._parsed = fastavro.parse_schema(definition)
+        self._writers: dict[tuple[str, bytes], Any] = {}  # (topic, version) -> parsed writer, or None
         super().__init__(record_cls, SchemaType.AVRO, definition, "AVRO")
+
+    def needs_writer(self, topic: str, version: bytes) -> bool:
+        return (topic, version) not in self._writers
+
+    def add_writer(self, topic: str, version: bytes, type_id: int, definition: str) -> None:
+        # Another type, or our own definition: decode with ours.
+        d = json.loads(definition) if type_id == SchemaType.AVRO else None
+        if d is None or d == self._definition:
+            self._writers[(topic, version)] = None
+        else:
+            self._writers[(topic, version)] = self._fastavro.parse_schema(dict(d, name=self._definition["name"]))
+
+    def decode_version(self, data: bytes, topic: str, version: bytes) -> Any:
+        return self._read(data, self._writers.get((topic, version)) or self._parsed)
 
     def encode(self, obj: Record | dict[str, Any]) -> bytes:
         if isinstance(obj, dict) and self._record_cls is None:
@@ -438,6 +464,9 @@ class AvroSchema(Schema):
         writer = self._parsed
         if writer_definition is not None:
             writer = self._fastavro.parse_schema(dict(writer_definition, name=self._definition["name"]))
+        return self._read(data, writer)
+
+    def _read(self, data: bytes, writer: Any) -> Any:
         d = self._fastavro.schemaless_reader(io.BytesIO(data), writer, self._parsed)
         return d if self._record_cls is None else self._record_cls(**d)
 

@@ -262,7 +262,10 @@ class Consumer:
         """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
         self._inner.check_open()
-        return self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
+        msg = self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
+        if self._inner.conf.schema is not None:
+            self._lt.run(self._inner.learn_writer_schema(msg))
+        return msg
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
         """Acknowledge; with ``txn`` it blocks until the broker accepted the transactional ack."""

@@ -220,7 +220,21 @@ class AsyncConsumer:
         """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
         self.check_open()
-        return await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
+        msg = await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
+        if self.conf.schema is not None:
+            await self.learn_writer_schema(msg)
+        return msg
+
+    async def learn_writer_schema(self, msg: Message) -> None:
+        """Fetch (once) the definition ``msg`` was written with, so that ``value()`` decodes by it."""
+        version = getattr(msg, "schema_version", None)
+        sub = msg.consumer
+        schema = self.conf.schema
+        if version is None or not isinstance(sub, TopicConsumer) or not schema.needs_writer(sub.topic, version):
+            return
+        wire = await sub.get_schema(version)
+        if wire is not None:
+            schema.add_writer(sub.topic, version, int(wire.type), wire.schema_data.decode())
 
     def _sub_for(self, message_or_id: Message | MessageId) -> tuple[TopicConsumer, MessageId]:
         if isinstance(message_or_id, Message):

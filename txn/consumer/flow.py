@@ -18,6 +18,7 @@ from ..errors import (
 )
 from ..message import MessageId, ReceivedMessage, TxnID, signed64
 from ..protocol import Frame, decompress, pb, split_batch
+from .config import ConsumerConfig
 from .parent import ConsumerParent
 
 log = logging.getLogger("txn.consumer")
@@ -66,6 +67,7 @@ class MessageFlow:
     consumer_id: int
     payload_limit: int
     seek_skip: MessageId | None
+    conf: ConsumerConfig
     _conn: Connection | None
     _epoch: int
 
@@ -172,10 +174,13 @@ class MessageFlow:
             key = meta.partition_key if meta.HasField("partition_key") else None
             okey = meta.ordering_key if meta.HasField("ordering_key") else None
             entry = (mid.ledgerId, mid.entryId, self.partition, 0)
-            return [
+            single = [
                 ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
                                 producer, meta.sequence_id, self, txn, okey)
             ]
+            if self.conf.schema is not None and meta.HasField("schema_version"):
+                single[0].schema_version = meta.schema_version
+            return single
         entry = (mid.ledgerId, mid.entryId, self.partition, n)
         out: list[ReceivedMessage] = []
         append = out.append
@@ -197,4 +202,7 @@ class MessageFlow:
                 ReceivedMessage(data, p, entry, i, topic, key, publish_time, ev or event_time, redeliveries, producer,
                                 base_seq + i if seq is None else seq, self, txn, okey)
             )
+        if self.conf.schema is not None and meta.HasField("schema_version"):
+            for m in out:
+                m.schema_version = meta.schema_version
         return out

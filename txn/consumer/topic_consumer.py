@@ -11,7 +11,7 @@ from typing import Any
 
 from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
-from ..errors import ConnectError, PulsarError
+from ..errors import ConnectError, PulsarError, from_server_error
 from ..message import EARLIEST, LATEST, Message, MessageId
 from ..protocol import pb
 from ..protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
@@ -185,6 +185,17 @@ class TopicConsumer(MessageFlow, AckTracker):
 
     def on_end_of_topic(self) -> None:
         self.end_of_topic = True
+
+    async def get_schema(self, version: bytes) -> pb.Schema | None:
+        """The topic's schema of ``version`` from the broker's registry (GET_SCHEMA); None if it has none."""
+        conn = await self.ctx.pool.connection_for(self.topic)
+        rid = next_request_id()
+        resp = await conn.request(command(T.GET_SCHEMA, request_id=rid, topic=self.topic, schema_version=version), rid)
+        check_error(resp, "get schema", topic=self.topic)
+        r = resp.getSchemaResponse
+        if r.HasField("error_code"):
+            raise from_server_error(pb.ServerError.Name(r.error_code), r.error_message, topic=self.topic)
+        return r.schema if r.HasField("schema") else None
 
     async def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
