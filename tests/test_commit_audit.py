@@ -151,3 +151,60 @@ def test_audit_keeps_recent_records_and_checks_each_once() -> None:
     assert audit.expose(now + 61) == 0  # past keep_s: nothing of it is at risk any more
     audit.retry_later(due[:1], 0.0, max_attempts=1)  # out of attempts: dropped with an error
     assert audit.pending == 2
+
+
+@pytest.mark.timeout(300)
+def test_a_commit_that_never_reached_a_partition_is_delivered_there(broker, unique_name):
+    """The coordinator finished a batch's commit without delivering it to the output partition (in
+    the loop: its END_TXN_ON_PARTITION failed while the bundle was unloading). The state is built
+    by keeping the output partition out of the batches' transactions' registration, so that the
+    coordinator never tells it: the partition then holds the transaction open and no later output
+    is readable. After a reconnect the audit finds its own batch's outputs unreadable while the
+    ledger shows it committed, and delivers the commit to that partition."""
+    inp, out, ledger = _names(unique_name)
+    official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    p = official.create_producer(inp, batching_enabled=False)
+    for i in range(LATER):
+        p.send(f"m-{i}".encode())
+    p.close()
+    verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+
+    async def main() -> AsyncProcessor:
+        async with txn.AsyncClient(broker.service_url) as client:
+            proc = AsyncProcessor(client, _handler, _config(inp, out, ledger))
+            await proc.start()
+            opened = 0
+            new_transaction = proc.batches.new_transaction
+
+            async def leaky() -> txn.AsyncTransaction:
+                nonlocal opened
+                t = await new_transaction()
+                opened += 1
+                if opened >= 2:  # after the first: the output partition is never registered
+                    done = asyncio.get_running_loop().create_future()
+                    done.set_result(None)
+                    t._partitions[out] = done  # noqa: SLF001 - the broken coordinator's view
+                return t
+
+            proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+            runner = asyncio.ensure_future(proc.run())
+            try:
+                await _until(lambda: proc.stats.messages == LATER)
+                assert proc.audit is not None
+                proc.audit.settle_s = 0.0
+                proc.audit.expose()
+                await _until(lambda: proc.audit.checks >= 1 and not proc.audit.pending, 90)
+                await asyncio.sleep(1.0)
+            finally:
+                proc.stop()
+                await runner
+                await proc.close()
+            return proc
+
+    try:
+        proc = asyncio.run(main())
+        assert proc.stats.unstuck >= 1 and proc.stats.vanished == 0, proc.stats.line("t", 0)
+        got = Counter(m.data() for m in read_until_sentinel(official, verifier, out))
+        assert got == Counter(f"m-{i}.{s}".encode() for i in range(LATER) for s in "ab")
+    finally:
+        official.close()

@@ -43,6 +43,7 @@ _RESPONSES: dict[int, str] = {
     T.ADD_PARTITION_TO_TXN_RESPONSE: "addPartitionToTxnResponse",
     T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE: "addSubscriptionToTxnResponse",
     T.END_TXN_RESPONSE: "endTxnResponse",
+    T.END_TXN_ON_PARTITION_RESPONSE: "endTxnOnPartitionResponse",
     T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
     T.GET_SCHEMA_RESPONSE: "getSchemaResponse",
 }
@@ -70,6 +71,7 @@ _FIELD_FOR_TYPE: dict[int, str] = {
     T.ADD_PARTITION_TO_TXN: "addPartitionToTxn",
     T.ADD_SUBSCRIPTION_TO_TXN: "addSubscriptionToTxn",
     T.END_TXN: "endTxn",
+    T.END_TXN_ON_PARTITION: "endTxnOnPartition",
     T.TC_CLIENT_CONNECT_REQUEST: "tcClientConnectRequest",
     T.GET_SCHEMA: "getSchema",
 }

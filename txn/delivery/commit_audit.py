@@ -54,11 +54,22 @@ class SeenCommit:
 
 
 @dataclass(slots=True)
+class OwnCommit:
+    """A batch this instance committed: its transaction and its last output per partition."""
+
+    at: float
+    batch_id: str
+    txn: Any  # TxnID
+    last_outputs: dict[str, MessageId]
+
+
+@dataclass(slots=True)
 class Exposure:
     """Records kept when a reconnect was seen, to be checked from ``due`` on."""
 
     due: float
     records: list[SeenCommit] = field(default_factory=list)
+    own: list[OwnCommit] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -82,6 +93,9 @@ class CommitAudit:
         self.read_timeout_s = read_timeout_s
         self.max_records = max_records
         self.recent: deque[SeenCommit] = deque()
+        self.own: deque[OwnCommit] = deque()
+        #: Partitions told to commit a transaction the coordinator had finished without them.
+        self.unstuck = 0
         self.exposures: list[Exposure] = []
         #: Positions already found vanished (each is redone once by this instance).
         self.handled: set[Position] = set()
@@ -95,6 +109,14 @@ class CommitAudit:
         while self.recent and (now - self.recent[0].at > self.keep_s or len(self.recent) > self.max_records):
             self.recent.popleft()
 
+    def committed_here(self, batch_id: str, txn: Any, last_outputs: dict[str, MessageId]) -> None:
+        """This instance committed ``batch_id``: where its last output on each partition is."""
+        now = time.monotonic()
+        if last_outputs:
+            self.own.append(OwnCommit(now, batch_id, txn, last_outputs))
+        while self.own and (now - self.own[0].at > self.keep_s or len(self.own) > self.max_records):
+            self.own.popleft()
+
     def expose(self, now: float | None = None, limit: int | None = None) -> int:
         """A reconnect was seen: check the records kept now (the newest ``limit``) once ``settle_s``
         has passed. Returns how many are to be checked."""
@@ -102,14 +124,65 @@ class CommitAudit:
         records = [r for r in self.recent if now - r.at <= self.keep_s and r.pos not in self.handled]
         if limit is not None:
             records = records[-limit:]
-        if records:
-            self.exposures.append(Exposure(now + self.settle_s, records))
+        own = [c for c in self.own if now - c.at <= self.keep_s]
+        if records or own:
+            self.exposures.append(Exposure(now + self.settle_s, records, own))
         return len(records)
 
     @property
     def pending(self) -> int:
-        """Records waiting for a check."""
-        return sum(len(e.records) for e in self.exposures)
+        """Records (and own commits) waiting for a check."""
+        return sum(len(e.records) + len(e.own) for e in self.exposures)
+
+    def due_own(self, now: float | None = None) -> list[OwnCommit]:
+        """Own commits whose check is due (call before :meth:`due`, which takes the exposures off)."""
+        now = time.monotonic() if now is None else now
+        seen: dict[str, OwnCommit] = {}
+        for e in self.exposures:
+            if e.due <= now:
+                for c in e.own:
+                    seen[c.batch_id] = c
+                e.own = []
+        return list(seen.values())
+
+    async def stuck_partitions(self, commit: OwnCommit, wait_s: float = 3.0) -> list[str]:
+        """The partitions where ``commit``'s last output is still not readable: a read-committed
+        reader started at it gets nothing (an open transaction holds the partition's readable end
+        before it). Only asked once every transaction from before the reconnect is resolved."""
+        stuck = []
+        for topic, mid in commit.last_outputs.items():
+            reader = await self.client.create_reader(topic, mid, start_message_id_inclusive=True)
+            try:
+                try:
+                    await reader.read_next(timeout_millis=int(wait_s * 1000))
+                except Timeout:
+                    stuck.append(topic)
+            finally:
+                try:
+                    await asyncio.wait_for(reader.close(), 10)
+                except (PulsarError, TimeoutError):
+                    pass
+        return stuck
+
+    async def commit_on_partition(self, topic: str, txn: Any) -> None:
+        """Deliver the commit of ``txn`` to ``topic``, as its coordinator should have (the
+        partition's END_TXN_ON_PARTITION). Only for a transaction the ledger shows committed."""
+        from ..connection import check_error, command, next_request_id
+        from ..errors import from_server_error
+        from ..protocol import pulsar_wire_pb2 as pb
+
+        conn = await self.client._pool.connection_for(topic)  # noqa: SLF001 - the client's own pool
+        rid = next_request_id()
+        # The low watermark stays 0: it ends no other transaction of the partition.
+        resp = await conn.request(command(pb.BaseCommand.END_TXN_ON_PARTITION, request_id=rid, topic=topic,
+                                          txnid_least_bits=txn.least, txnid_most_bits=txn.most,
+                                          txn_action=pb.COMMIT, txnid_least_bits_of_low_watermark=0), rid)
+        check_error(resp, f"commit of {txn} on {topic}", topic=topic)
+        r = resp.endTxnOnPartitionResponse
+        if r.HasField("error"):
+            raise from_server_error(pb.ServerError.Name(r.error), f"commit of {txn} on {topic}: {r.message}",
+                                    topic=topic)
+        self.unstuck += 1
 
     def due(self, now: float | None = None) -> list[SeenCommit]:
         """The records whose check is due (each once, oldest first), taken off the waiting list."""

@@ -240,7 +240,7 @@ class Sender:
             if not f.done():
                 f.set_result(
                     MessageId(self.partition, ledger, entry, i if op.batched else -1,
-                              batch_size=n if op.batched else 0)
+                              batch_size=n if op.batched else 0, topic=self.topic)
                 )
         self._release(n)
 

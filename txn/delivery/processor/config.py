@@ -112,6 +112,8 @@ class ProcessorStats:
     #: Committed batches found rolled back by the broker after a restart, and those committed again.
     vanished: int = 0
     redone: int = 0
+    #: Partitions told to commit a batch the coordinator had committed without them.
+    unstuck: int = 0
     commit_ms_total: float = 0.0
     #: Batches collected, and the time their first input waited for the batch to close (the
     #: batching delay an input sees, before its handler runs).
@@ -130,4 +132,5 @@ class ProcessorStats:
             f"partitions_lost={self.partitions_lost} redeliveries={self.redeliveries} inflight={inflight} "
             f"avg_commit_ms={avg:.1f} avg_batch_wait_ms={wait:.1f}"
             + (f" vanished={self.vanished} redone={self.redone}" if self.vanished else "")
+            + (f" unstuck={self.unstuck}" if self.unstuck else "")
         )

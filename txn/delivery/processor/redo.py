@@ -23,7 +23,7 @@ from typing import Any
 from ...errors import CorruptMessage, OwnershipLost, PulsarError, Timeout
 from ...message import Message, MessageId
 from ..batch_txn import BatchScope
-from ..commit_audit import REDO_SUFFIX, CommitAudit, SeenCommit
+from ..commit_audit import REDO_SUFFIX, CommitAudit, OwnCommit, SeenCommit
 from ..fencing import PartitionFences
 from ..guard_checkpoint import mark_deletes
 from ..ledger import Kind
@@ -73,6 +73,7 @@ class Redo:
                 log.info("commit audit: a broker connection came back; %d COMMITTED record(s) from the %.0fs before "
                          "are checked again in %.0fs", n, audit.keep_s, audit.settle_s)
         self._links_seen = links
+        own = audit.due_own()
         due = audit.due()
         if not due:
             return
@@ -84,6 +85,11 @@ class Redo:
             return
         if result.unreached:
             audit.retry_later(result.unreached, 10.0)
+        gone = {r.batch_id for r in result.vanished} | {r.batch_id for r in result.unreached}
+        present = {r.batch_id for r in due} - gone
+        for commit in own:
+            if commit.batch_id in present:
+                await self._unstick(commit)
         for rec in result.vanished:
             audit.handled.add(rec.pos)
             if rec.batch_id in result.redone:
@@ -96,6 +102,24 @@ class Redo:
             if not await self._redo(rec):
                 audit.handled.discard(rec.pos)
                 audit.retry_later([rec], 10.0)
+
+    async def _unstick(self, commit: OwnCommit) -> None:
+        """A batch of this instance whose COMMITTED record is readable, but whose outputs on some
+        partition are not: the coordinator finished the commit without delivering it there (its
+        END_TXN_ON_PARTITION failed while the partition's bundle was unloading), so that partition's
+        transaction buffer holds the transaction open, and no later output of it is readable
+        either. Deliver the commit to that partition."""
+        audit = self.audit
+        assert audit is not None
+        try:
+            stuck = await audit.stuck_partitions(commit)
+            for topic in stuck:
+                log.error("commit audit: batch %s (txn %s) committed, but %s still holds it open (its commit never "
+                          "reached that partition); committing it there", commit.batch_id, commit.txn, topic)
+                await audit.commit_on_partition(topic, commit.txn)
+                self.stats.unstuck += 1
+        except PulsarError as exc:
+            log.warning("commit audit: outputs of batch %s not checked (%s)", commit.batch_id, exc)
 
     async def _redo(self, rec: SeenCommit) -> bool:
         """Commit again the outputs of a rolled-back batch's owned inputs; False to try later."""
