@@ -221,3 +221,74 @@ def test_async_producer_deliver_after(broker: Any, topic: str) -> None:
 
     sent, arrived = asyncio.run(main())
     assert arrived >= sent + 2000
+
+
+# ====================================================================== dead-letter policy
+
+
+def _dlq_policy(side: str, *args: Any, **kwargs: Any) -> Any:
+    cls = pulsar.ConsumerDeadLetterPolicy if side == "pulsar" else txn.ConsumerDeadLetterPolicy
+    return cls(*args, **kwargs)
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_dead_letter_policy_defaults(clients: dict[str, Any], topic: str, side: str) -> None:
+    """After ``max_redeliver_count`` redeliveries a nacked message goes to ``<topic>-<sub>-DLQ``
+    with its properties, key, ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``, and is acknowledged."""
+    c = clients[side]
+    earliest = pulsar.InitialPosition.Earliest if side == "pulsar" else txn.InitialPosition.Earliest
+    consumer = c.subscribe(topic, "s", consumer_type=_shared(side), negative_ack_redelivery_delay_ms=200,
+                           dead_letter_policy=_dlq_policy(side, 2))
+    dlq = c.subscribe(f"{topic}-s-DLQ", "peek", initial_position=earliest)
+    producer = c.create_producer(topic, batching_enabled=False)
+    mid = producer.send(b"x", properties={"a": "1"}, partition_key="k")
+    counts = []
+    try:
+        while len(counts) < 6:  # bounded: without a dead-letter policy it would come forever
+            m = consumer.receive(3000)
+            counts.append(m.redelivery_count())
+            consumer.negative_acknowledge(m)
+    except Exception as exc:
+        assert "imeout" in type(exc).__name__ or "imeout" in str(exc), exc
+    assert counts == [0, 1, 2]
+    dead = dlq.receive(5000)
+    assert dead.data() == b"x"
+    assert dead.partition_key() == "k"
+    assert dead.properties() == {"a": "1", "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": str(mid)}
+    assert dead.topic_name() == f"{topic}-s-DLQ"
+    consumer.close()  # the dead letter was acknowledged: a new consumer gets nothing
+    again = c.subscribe(topic, "s", consumer_type=_shared(side))
+    assert _drain(again.receive) == []
+    for x in (again, dlq, producer):
+        x.close()
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_dead_letter_topic_and_initial_subscription(clients: dict[str, Any], topic: str, side: str) -> None:
+    c = clients[side]
+    dlq_topic = f"{topic}-dead"
+    policy = _dlq_policy(side, 1, dead_letter_topic=dlq_topic, initial_subscription_name="init")
+    assert (policy.max_redeliver_count, policy.dead_letter_topic, policy.initial_subscription_name) == (
+        1, dlq_topic, "init")
+    consumer = c.subscribe(topic, "s", consumer_type=_shared(side), negative_ack_redelivery_delay_ms=100,
+                           dead_letter_policy=policy)
+    producer = c.create_producer(topic, batching_enabled=False)
+    producer.send(b"y")
+    for _ in range(2):
+        consumer.negative_acknowledge(consumer.receive(5000))
+    time.sleep(1.0)
+    init = c.subscribe(dlq_topic, "init")  # created before the dead letter was sent: it is there
+    assert init.receive(5000).data() == b"y"
+    for x in (init, consumer, producer):
+        x.close()
+
+
+def test_dead_letter_policy_arguments_like_the_official_client() -> None:
+    for side in BOTH:
+        for bad in (0, -1):
+            with pytest.raises(ValueError):
+                _dlq_policy(side, bad)
+        p = _dlq_policy(side, 3)
+        assert p.max_redeliver_count == 3
+        assert p.dead_letter_topic == ""
+        assert p.initial_subscription_name == ""

@@ -14,6 +14,7 @@ from .auth import (
 )
 from .client import AsyncClient
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
+from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .errors import (
     AlreadyClosed,
     AuthenticationError,
@@ -85,6 +86,7 @@ __all__ = [
     "CoordinatorNotFound",
     "CorruptMessage",
     "EncryptedMessage",
+    "ConsumerDeadLetterPolicy",
     "HashingScheme",
     "IncompatibleSchema",
     "InitialPosition",

@@ -15,6 +15,7 @@ from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
@@ -228,6 +229,7 @@ class AsyncClient:
         negative_ack_redelivery_delay_ms: int = 60000,
         properties: dict[str, str] | None = None,
         ack_grouping_time_ms: int = 100,
+        dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
         *,
         schema: Schema | None = None,
     ) -> AsyncConsumer:
@@ -262,6 +264,9 @@ class AsyncClient:
             properties=dict(properties or {}),
             schema=_no_bytes(schema),
         )
+        if dead_letter_policy is not None:
+            check_type(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
+            conf.dead_letter_policy = dead_letter_policy
         c = AsyncConsumer(self._ctx, names, conf)
         await c.start()
         self._consumers.add(c)

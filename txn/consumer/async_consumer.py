@@ -16,6 +16,7 @@ from ..message import Message, MessageId, ReceivedMessage
 from ..receive_queue import ReceiveQueue
 from .acks import TXN_ACK_CHUNK, _split_by_entry
 from .config import ConsumerConfig, ConsumerType
+from .dead_letter import DeadLetterSender
 from .topic_consumer import TopicConsumer
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class AsyncConsumer:
         #: Successful (re)subscriptions of any topic/partition: a change means the broker may
         #: have recovered the subscription's cursor (and, on Pulsar 4.0.x, lost batch-index acks).
         self.subscriptions_made = 0
+        policy = conf.dead_letter_policy
+        self._dead_letters = None if policy is None else DeadLetterSender(self, policy)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         """Subscribe on every topic and partition (the client calls it; raises the broker's error)."""
@@ -338,6 +341,11 @@ class AsyncConsumer:
 
         Takes effect at once; the result may be awaited, as ``pulsar.asyncio``'s coroutine is."""
         self.check_open()
+        dead = self._dead_letters
+        if dead is not None and isinstance(message_or_id, Message) and dead.wants(message_or_id):
+            self._sub_for(message_or_id)
+            dead.send(message_or_id)  # produced to the dead-letter topic, then acknowledged
+            return DONE
         sub, mid = self._sub_for(message_or_id)
         sub.nack(mid)
         return DONE
@@ -367,6 +375,8 @@ class AsyncConsumer:
         """Flush acks and close. Further calls raise :class:`AlreadyClosed`."""
         if self._closed:
             return
+        if self._dead_letters is not None:
+            await self._dead_letters.close()
         self._closed = True
         self._stop_tasks()
         self.receive_queue.close()
@@ -376,6 +386,8 @@ class AsyncConsumer:
     async def unsubscribe(self) -> None:
         """Delete the subscription on the broker and close."""
         self.check_open()
+        if self._dead_letters is not None:
+            await self._dead_letters.close()
         self._closed = True
         self._stop_tasks()
         self.receive_queue.close()

@@ -42,6 +42,8 @@ class ConsumerConfig:
     key_shared_allow_out_of_order: bool = False
     durable: bool = True
     start_message_id: MessageId | None = None
+    #: a :class:`~.dead_letter.ConsumerDeadLetterPolicy`, or None (no dead-letter topic)
+    dead_letter_policy: object | None = None
     #: How often a consumer of partitioned topics re-reads their partition counts and subscribes
     #: to partitions added since (as the official client's ``partitionsUpdateInterval``, 60 s).
     #: A partition consumer closed by the broker or resubscribed after that also triggers a check.

@@ -1,0 +1,116 @@
+"""Dead-letter topic: after ``max_redeliver_count`` redeliveries a negatively acknowledged message
+is produced to the dead-letter topic and acknowledged, as the official client does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..message import Message
+
+if TYPE_CHECKING:
+    from .async_consumer import AsyncConsumer
+
+log = logging.getLogger("txn.consumer")
+
+#: Properties the official client stamps on a dead-lettered message.
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+#: The official default dead-letter topic is ``<topic>-<subscription>`` + this.
+DLQ_SUFFIX = "-DLQ"
+
+
+class ConsumerDeadLetterPolicy:
+    """As ``pulsar.ConsumerDeadLetterPolicy``: ``max_redeliver_count`` (> 0), the dead-letter topic
+    (default ``<topic>-<subscription>-DLQ``) and a subscription to create on it first (optional)."""
+
+    def __init__(self, max_redeliver_count: int, dead_letter_topic: str | None = None,
+                 initial_subscription_name: str | None = None) -> None:
+        if max_redeliver_count is None or max_redeliver_count < 1:
+            raise ValueError("max_redeliver_count must be greater than 0")
+        self._max = max_redeliver_count
+        self._topic = dead_letter_topic or ""
+        self._initial = initial_subscription_name or ""
+
+    @property
+    def max_redeliver_count(self) -> int:
+        """Redeliveries before a message goes to the dead-letter topic."""
+        return self._max
+
+    @property
+    def dead_letter_topic(self) -> str:
+        """The dead-letter topic (``""``: the default)."""
+        return self._topic
+
+    @property
+    def initial_subscription_name(self) -> str:
+        """The subscription created on the dead-letter topic (``""``: none)."""
+        return self._initial
+
+
+class DeadLetterSender:
+    """Produces a consumer's dead letters (one lazily created producer) and acknowledges them."""
+
+    def __init__(self, consumer: AsyncConsumer, policy: ConsumerDeadLetterPolicy) -> None:
+        self._consumer = consumer
+        self.policy = policy
+        self.topic = policy.dead_letter_topic or (
+            f"{consumer.topic()}-{consumer.subscription_name()}{DLQ_SUFFIX}")
+        self._producer: Any = None
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def wants(self, message: Message) -> bool:
+        """True if ``message`` was redelivered ``max_redeliver_count`` times already."""
+        return message.redelivery_count() >= self.policy.max_redeliver_count
+
+    def send(self, message: Message) -> None:
+        """Dead-letter ``message`` in the background (on failure it is redelivered instead)."""
+        task = asyncio.get_running_loop().create_task(self._send(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _get_producer(self) -> Any:
+        async with self._lock:
+            if self._producer is None:
+                from ..producer import AsyncProducer, ProducerConfig
+                from .async_consumer import AsyncConsumer
+                from .config import ConsumerConfig, InitialPosition
+
+                ctx = self._consumer.ctx
+                if self.policy.initial_subscription_name:
+                    sub = AsyncConsumer(ctx, [self.topic], ConsumerConfig(
+                        subscription_name=self.policy.initial_subscription_name,
+                        initial_position=InitialPosition.Earliest))
+                    await sub.start()
+                    await sub.close()
+                p = AsyncProducer(ctx, self.topic, ProducerConfig(batching_enabled=False))
+                await p.start()
+                self._producer = p
+            return self._producer
+
+    async def _send(self, message: Message) -> None:
+        try:
+            producer = await self._get_producer()
+            props = dict(message.properties())
+            props[PROPERTY_REAL_TOPIC] = message.topic_name()
+            props[PROPERTY_ORIGIN_MESSAGE_ID] = str(message.message_id())
+            await producer.send_now(message.data(), properties=props,
+                                    partition_key=message.partition_key() or None,
+                                    ordering_key=message.ordering_key() or None)
+            if not self._consumer.closed:
+                self._consumer.acknowledge_nowait(message)
+        except Exception as exc:
+            log.warning("dead-lettering %s to %s failed (%s); redelivering it",
+                        message.message_id(), self.topic, exc)
+            sub = getattr(message, "consumer", None)
+            if sub is not None and not self._consumer.closed:
+                sub.nack(message.message_id())
+
+    async def close(self) -> None:
+        """Wait for dead letters on their way, then close the producer."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._producer is not None:
+            await self._producer.close()
