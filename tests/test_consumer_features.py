@@ -292,3 +292,17 @@ def test_dead_letter_policy_arguments_like_the_official_client() -> None:
         assert p.max_redeliver_count == 3
         assert p.dead_letter_topic == ""
         assert p.initial_subscription_name == ""
+
+
+# ====================================================================== get_last_message_id
+
+
+@pytest.mark.parametrize("side", BOTH)
+def test_consumer_get_last_message_id(clients: dict[str, Any], topic: str, side: str) -> None:
+    c = clients[side]
+    consumer = c.subscribe(topic, "s")
+    ids = _produce(c, topic, 3)
+    last = consumer.get_last_message_id()
+    assert str(last) == str(ids[-1])
+    assert (last.ledger_id(), last.entry_id()) == (ids[-1].ledger_id(), ids[-1].entry_id())
+    consumer.close()

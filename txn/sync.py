@@ -318,6 +318,10 @@ class Consumer:
         """Close (pending acks are flushed first)."""
         self._lt.run(self._inner.close())
 
+    def get_last_message_id(self) -> MessageId:
+        """The id of the last message stored on the topic (non-partitioned or one partition)."""
+        return self._lt.run(self._inner.get_last_message_id())
+
     def seek(self, messageid: MessageId | int) -> None:
         """Reset the subscription to a message id or a publish time (int, ms since the epoch)."""
         self._lt.run(self._inner.seek(messageid))

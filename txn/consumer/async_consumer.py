@@ -356,6 +356,13 @@ class AsyncConsumer:
         for s in self.topic_consumers:
             s.redeliver(None)
 
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message stored on the (single, non-partitioned) topic or partition."""
+        self.check_open()
+        if len(self.topic_consumers) != 1:
+            raise ValueError("get_last_message_id is only supported on a non-partitioned topic or a single partition")
+        return await self.topic_consumers[0].get_last_message_id()
+
     async def seek(self, messageid: MessageId | int) -> None:
         """Reset the subscription to a message id or a publish time (int, ms since the epoch).
 
