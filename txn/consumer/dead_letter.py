@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..message import Message
-
-if TYPE_CHECKING:
-    from .async_consumer import AsyncConsumer
 
 log = logging.getLogger("txn.consumer")
 
@@ -52,7 +49,7 @@ class ConsumerDeadLetterPolicy:
 class DeadLetterSender:
     """Produces a consumer's dead letters (one lazily created producer) and acknowledges them."""
 
-    def __init__(self, consumer: AsyncConsumer, policy: ConsumerDeadLetterPolicy) -> None:
+    def __init__(self, consumer: Any, policy: ConsumerDeadLetterPolicy) -> None:
         self._consumer = consumer
         self.policy = policy
         self.topic = policy.dead_letter_topic or (
@@ -75,12 +72,12 @@ class DeadLetterSender:
         async with self._lock:
             if self._producer is None:
                 from ..producer import AsyncProducer, ProducerConfig
-                from .async_consumer import AsyncConsumer
                 from .config import ConsumerConfig, InitialPosition
 
                 ctx = self._consumer.ctx
                 if self.policy.initial_subscription_name:
-                    sub = AsyncConsumer(ctx, [self.topic], ConsumerConfig(
+                    # The consumer's own class (no import of it here: it imports this module).
+                    sub = type(self._consumer)(ctx, [self.topic], ConsumerConfig(
                         subscription_name=self.policy.initial_subscription_name,
                         initial_position=InitialPosition.Earliest))
                     await sub.start()

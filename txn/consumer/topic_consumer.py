@@ -227,6 +227,9 @@ class TopicConsumer(MessageFlow, AckTracker):
         conn = self._conn
         if conn is None:
             raise ConnectError("consumer is not connected", topic=self.topic)
+        # Acknowledgements still grouped here go out first, on the same connection: sent after the
+        # seek, they would acknowledge again what the seek made deliverable.
+        self.flush_acks()
         rid = next_request_id()
         fields: dict[str, Any] = {"consumer_id": self.consumer_id, "request_id": rid}
         if isinstance(target, MessageId):
@@ -244,9 +247,9 @@ class TopicConsumer(MessageFlow, AckTracker):
             # The broker's close is still on its way: stop taking this session's messages now.
             conn.consumers.pop(self.consumer_id, None)
             self._lost(ConnectError("seek", topic=self.topic))
-        else:
-            self.parent.receive_queue.remove_where(
-                lambda m: m.consumer is self or getattr(m, "owner", None) is self)
+        # Else the broker's close came first: ``_lost`` dropped the old session's messages then,
+        # and whatever is queued now came from the session after the seek (a resubscribe can
+        # finish before this answer is read), so it stays.
 
     # -------------------------------------------------------------------- close
 
