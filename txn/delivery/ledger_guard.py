@@ -64,7 +64,8 @@ _INDEX = itemgetter(2)
 
 
 #: ``(ledger,entry,partition,batch_index)`` as ``str(MessageId)`` writes it.
-_ID = re.compile(r"\((\d{1,20}),(\d{1,20}),-?\d{1,10},(-?\d{1,10})\)")
+#: A message id as records write it, ``(ledger,entry,partition,batch index)``.
+ID_PATTERN = _ID = re.compile(r"\((\d{1,20}),(\d{1,20}),-?\d{1,10},(-?\d{1,10})\)")
 
 
 class CommittedInputs:

@@ -16,23 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Any
 
 from ...errors import CorruptMessage, OwnershipLost, PulsarError, Timeout
 from ...message import Message, MessageId
 from ..batch_txn import BatchScope
-from ..commit_audit import REDO_SUFFIX, CommitAudit, OwnCommit, SeenCommit
+from ..commit_audit import REDO_SUFFIX, CommitAudit, OwnCommit, SeenCommit, position
 from ..fencing import PartitionFences
 from ..guard_checkpoint import mark_deletes
 from ..ledger import Kind
+from ..ledger_guard import ID_PATTERN
 from .config import ProcessorConfig, ProcessorStats
 from .failures import BatchFailed
 
 log = logging.getLogger("txn.processor")
 
-_ID = re.compile(r"\((\d{1,20}),(\d{1,20}),-?\d{1,10},(-?\d{1,10})\)")
 #: Records a check handles at the start of an instance (it cannot know whether a restart came just before).
 START_CHECK_LIMIT = 10_000
 
@@ -140,7 +139,7 @@ class Redo:
         wanted: dict[str, set[tuple[int, int, int]]] = {}
         for p in parts:
             mark = marks.get(p)
-            ids = {(int(a), int(b), int(c)) for a, b, c in _ID.findall("\n".join(rec.inputs[p]))}
+            ids = {(int(a), int(b), int(c)) for a, b, c in ID_PATTERN.findall("\n".join(rec.inputs[p]))}
             if mark is None or any((i[0], i[1]) > mark for i in ids):
                 log.info("commit audit: inputs of batch %s on %s are not all acknowledged yet; checking again later",
                          rec.batch_id, p)
@@ -149,7 +148,7 @@ class Redo:
         msgs: list[Message] = []
         for p, ids in wanted.items():
             got = await self._read_by_id(p, ids)
-            gone = ids - {_pos(m.message_id()) for m in got}
+            gone = ids - {position(m.message_id()) for m in got}
             if gone:
                 log.error("commit audit: %d input(s) of batch %s on %s are no longer stored (retention); their outputs "
                           "are lost: %s", len(gone), rec.batch_id, p, sorted(gone)[:10])
@@ -175,7 +174,7 @@ class Redo:
                     if not await reader.has_message_available():
                         break
                     continue
-                pos = _pos(m.message_id())
+                pos = position(m.message_id())
                 if pos in ids:
                     found.append(m)
                 if (pos[0], pos[1]) > (last[0], last[1]):
@@ -223,6 +222,3 @@ class Redo:
                     rec.batch_id, REDO_SUFFIX, len(msgs), sum(counts.values()))
         return True
 
-
-def _pos(mid: MessageId) -> tuple[int, int, int]:
-    return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
