@@ -154,13 +154,14 @@ def test_audit_keeps_recent_records_and_checks_each_once() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_commit_that_never_reached_a_partition_is_delivered_there(broker, unique_name):
+def test_a_commit_that_never_reached_a_partition_is_delivered_there_by_any_instance(broker, unique_name):
     """The coordinator finished a batch's commit without delivering it to the output partition (in
     the loop: its END_TXN_ON_PARTITION failed while the bundle was unloading). The state is built
     by keeping the output partition out of the batches' transactions' registration, so that the
     coordinator never tells it: the partition then holds the transaction open and no later output
-    is readable. After a reconnect the audit finds its own batch's outputs unreadable while the
-    ledger shows it committed, and delivers the commit to that partition."""
+    is readable. The instance that committed is gone (here: it ran without the audit and closed);
+    a new instance reads the COMMITTED records at its start, finds the partition's readable end
+    before a committed transaction's first output, and delivers the commit there."""
     inp, out, ledger = _names(unique_name)
     official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     p = official.create_producer(inp, batching_enabled=False)
@@ -169,30 +170,44 @@ def test_a_commit_that_never_reached_a_partition_is_delivered_there(broker, uniq
     p.close()
     verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
 
+    async def first_instance(client: txn.AsyncClient) -> tuple[int, int]:
+        config = _config(inp, out, ledger)
+        config.commit_audit = False
+        proc = AsyncProcessor(client, _handler, config)
+        await proc.start()
+        opened = 0
+        new_transaction = proc.batches.new_transaction
+
+        async def leaky() -> txn.AsyncTransaction:
+            nonlocal opened
+            t = await new_transaction()
+            opened += 1
+            if opened >= 2:  # after the first: the output partition is never registered
+                done = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                t._partitions[out] = done  # noqa: SLF001 - the broken coordinator's view
+            return t
+
+        proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+        runner = asyncio.ensure_future(proc.run())
+        try:
+            await _until(lambda: proc.stats.messages == LATER)
+        finally:
+            proc.stop()
+            await runner
+            await proc.close()
+        return proc.stats.batches, opened
+
     async def main() -> AsyncProcessor:
         async with txn.AsyncClient(broker.service_url) as client:
+            batches, opened = await first_instance(client)
+            assert batches == LATER // 10 + (LATER % 10 > 0) and opened >= 2
             proc = AsyncProcessor(client, _handler, _config(inp, out, ledger))
             await proc.start()
-            opened = 0
-            new_transaction = proc.batches.new_transaction
-
-            async def leaky() -> txn.AsyncTransaction:
-                nonlocal opened
-                t = await new_transaction()
-                opened += 1
-                if opened >= 2:  # after the first: the output partition is never registered
-                    done = asyncio.get_running_loop().create_future()
-                    done.set_result(None)
-                    t._partitions[out] = done  # noqa: SLF001 - the broken coordinator's view
-                return t
-
-            proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+            assert proc.audit is not None
+            proc.audit.settle_s = 0.0  # what the start exposes is checked at once
             runner = asyncio.ensure_future(proc.run())
             try:
-                await _until(lambda: proc.stats.messages == LATER)
-                assert proc.audit is not None
-                proc.audit.settle_s = 0.0
-                proc.audit.expose()
                 await _until(lambda: proc.audit.checks >= 1 and not proc.audit.pending, 90)
                 await asyncio.sleep(1.0)
             finally:
@@ -203,8 +218,28 @@ def test_a_commit_that_never_reached_a_partition_is_delivered_there(broker, uniq
 
     try:
         proc = asyncio.run(main())
-        assert proc.stats.unstuck >= 1 and proc.stats.vanished == 0, proc.stats.line("t", 0)
+        assert proc.stats.unstuck >= 1 and proc.stats.vanished == 0 and proc.stats.batches == 0, \
+            proc.stats.line("t", 0)
         got = Counter(m.data() for m in read_until_sentinel(official, verifier, out))
         assert got == Counter(f"m-{i}.{s}".encode() for i in range(LATER) for s in "ab")
     finally:
         official.close()
+
+
+def test_output_starts_round_trip_and_hostile_values() -> None:
+    """Broker-free: the COMMITTED record's ``output_starts`` is written sorted and read back as
+    positions; what is not a topic-to-id object is dropped, and the record's validation bounds it."""
+    from txn.delivery.commit_audit import output_starts, parse_output_starts
+    from txn.delivery.ledger import LedgerSchemaError
+
+    ids = {"t-partition-1": txn.MessageId(ledger_id=3, entry_id=7, batch_index=1, partition=1),
+           "t-partition-0": txn.MessageId(ledger_id=5, entry_id=2, partition=0)}
+    text = output_starts(ids)
+    assert list(text) == ["t-partition-0", "t-partition-1"]
+    rec = LedgerRecord(kind=Kind.COMMITTED, job="j", batch_id="b", txn_id="(0,1)", output_starts=text)
+    back = LedgerRecord.from_json(rec.to_json())
+    assert parse_output_starts(back.output_starts) == {"t-partition-0": (5, 2, -1), "t-partition-1": (3, 7, 1)}
+    assert b"output_starts" not in LedgerRecord(kind=Kind.COMMITTED, job="j", batch_id="b").to_json()
+    assert parse_output_starts(["x"]) == {} and parse_output_starts({"t": 5, 7: "(1,2,-1,-1)", "u": "(1,x)"}) == {}
+    with pytest.raises(LedgerSchemaError, match="output_starts"):
+        LedgerRecord.from_json(rec.to_json().replace(b'"(3,7,1,1)"', b"[1]"))

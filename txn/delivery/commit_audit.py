@@ -13,6 +13,15 @@ the processor sees its coordinator or a producer reconnect (a restart or a move)
 been resolved. A record no longer readable (:meth:`CommitAudit.check`) belongs to a vanished
 batch, which the processor commits again (``CommitPipeline._redo``); records of redone batches
 (``<batch>+redo``) already on the ledger are reported so that a batch is redone once.
+
+A record still readable can belong to a commit that never reached one of its output partitions
+(the coordinator's END_TXN_ON_PARTITION failed while the partition's bundle was unloading, and it
+finished the transaction anyway). That partition's transaction buffer then holds the transaction
+open for ever: nothing written there after its first output becomes readable. Each COMMITTED
+record names the transaction's first output on every partition (``output_starts``), so any
+instance that read it can find such a partition (:meth:`CommitAudit.unstick`): the broker's last
+readable position there (GetLastMessageId answers with it) stays before a first output of a
+transaction the ledger shows committed. The instance then delivers the commit there itself.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptMessage, PulsarError, Timeout
-from ..message import MessageId
+from ..message import MessageId, TxnID
 
 log = logging.getLogger("txn.commit_audit")
 
@@ -34,6 +43,9 @@ log = logging.getLogger("txn.commit_audit")
 REDO_SUFFIX = "+redo"
 
 Position = tuple[int, int, int]
+
+#: The low watermark sent with a commit the audit delivers (read as -1 by the broker: none).
+NO_WATERMARK = 2**64 - 1
 
 
 def position(mid: MessageId) -> Position:
@@ -50,17 +62,27 @@ class SeenCommit:
     batch_id: str
     txn_id: str
     inputs: dict[str, list[str]]
+    output_starts: dict[str, Position] = field(default_factory=dict)  # first output per partition
     attempts: int = 0  # checks that could not reach it (an open transaction held the reader back)
 
 
-@dataclass(slots=True)
-class OwnCommit:
-    """A batch this instance committed: its transaction and its last output per partition."""
+def output_starts(first: dict[str, MessageId] | None) -> dict[str, str]:
+    """The ``output_starts`` of a COMMITTED record: each partition's first output id, as text."""
+    return {topic: str(mid) for topic, mid in sorted((first or {}).items())}
 
-    at: float
-    batch_id: str
-    txn: Any  # TxnID
-    last_outputs: dict[str, MessageId]
+
+def parse_output_starts(value: Any, limit: int = 10_000) -> dict[str, Position]:
+    """A record's ``output_starts`` as positions; what is not a ``{topic: id}`` object is left out."""
+    from .ledger_guard import ID_PATTERN
+
+    if not isinstance(value, dict):
+        return {}
+    out: dict[str, Position] = {}
+    for topic, text in list(value.items())[:limit]:
+        m = ID_PATTERN.fullmatch(text) if isinstance(topic, str) and isinstance(text, str) else None
+        if m is not None:
+            out[topic] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return out
 
 
 @dataclass(slots=True)
@@ -69,7 +91,6 @@ class Exposure:
 
     due: float
     records: list[SeenCommit] = field(default_factory=list)
-    own: list[OwnCommit] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -93,8 +114,7 @@ class CommitAudit:
         self.read_timeout_s = read_timeout_s
         self.max_records = max_records
         self.recent: deque[SeenCommit] = deque()
-        self.own: deque[OwnCommit] = deque()
-        #: Partitions told to commit a transaction the coordinator had finished without them.
+        #: Commits delivered to a partition that held them open (its readable end moved on).
         self.unstuck = 0
         self.exposures: list[Exposure] = []
         #: Positions already found vanished (each is redone once by this instance).
@@ -102,20 +122,13 @@ class CommitAudit:
         self.checks = 0
         self.vanished_total = 0
 
-    def seen(self, pos: Position, batch_id: str, txn_id: str, inputs: dict[str, list[str]]) -> None:
+    def seen(self, pos: Position, batch_id: str, txn_id: str, inputs: dict[str, list[str]],
+             starts: dict[str, Position] | None = None) -> None:
         """The guard read a COMMITTED record (a redo's too: it can vanish like any other)."""
         now = time.monotonic()
-        self.recent.append(SeenCommit(now, pos, batch_id, txn_id, inputs))
+        self.recent.append(SeenCommit(now, pos, batch_id, txn_id, inputs, starts or {}))
         while self.recent and (now - self.recent[0].at > self.keep_s or len(self.recent) > self.max_records):
             self.recent.popleft()
-
-    def committed_here(self, batch_id: str, txn: Any, last_outputs: dict[str, MessageId]) -> None:
-        """This instance committed ``batch_id``: where its last output on each partition is."""
-        now = time.monotonic()
-        if last_outputs:
-            self.own.append(OwnCommit(now, batch_id, txn, last_outputs))
-        while self.own and (now - self.own[0].at > self.keep_s or len(self.own) > self.max_records):
-            self.own.popleft()
 
     def expose(self, now: float | None = None, limit: int | None = None) -> int:
         """A reconnect was seen: check the records kept now (the newest ``limit``) once ``settle_s``
@@ -124,45 +137,65 @@ class CommitAudit:
         records = [r for r in self.recent if now - r.at <= self.keep_s and r.pos not in self.handled]
         if limit is not None:
             records = records[-limit:]
-        own = [c for c in self.own if now - c.at <= self.keep_s]
-        if records or own:
-            self.exposures.append(Exposure(now + self.settle_s, records, own))
+        if records:
+            self.exposures.append(Exposure(now + self.settle_s, records))
         return len(records)
 
     @property
     def pending(self) -> int:
-        """Records (and own commits) waiting for a check."""
-        return sum(len(e.records) + len(e.own) for e in self.exposures)
+        """Records waiting for a check."""
+        return sum(len(e.records) for e in self.exposures)
 
-    def due_own(self, now: float | None = None) -> list[OwnCommit]:
-        """Own commits whose check is due (call before :meth:`due`, which takes the exposures off)."""
-        now = time.monotonic() if now is None else now
-        seen: dict[str, OwnCommit] = {}
-        for e in self.exposures:
-            if e.due <= now:
-                for c in e.own:
-                    seen[c.batch_id] = c
-                e.own = []
-        return list(seen.values())
+    async def readable_end(self, topic: str) -> Position:
+        """The last position of ``topic`` a read-committed reader can reach: the broker answers
+        GetLastMessageId with the transaction buffer's max read position (just before the first
+        message of the oldest transaction it holds open)."""
+        from ..message import LATEST
 
-    async def stuck_partitions(self, commit: OwnCommit, wait_s: float = 3.0) -> list[str]:
-        """The partitions where ``commit``'s last output is still not readable: a read-committed
-        reader started at it gets nothing (an open transaction holds the partition's readable end
-        before it). Only asked once every transaction from before the reconnect is resolved."""
-        stuck = []
-        for topic, mid in commit.last_outputs.items():
-            reader = await self.client.create_reader(topic, mid, start_message_id_inclusive=True)
+        reader = await self.client.create_reader(topic, LATEST, receiver_queue_size=1)
+        try:
+            return position(await reader.get_last_message_id())
+        finally:
             try:
-                try:
-                    await reader.read_next(timeout_millis=int(wait_s * 1000))
-                except Timeout:
-                    stuck.append(topic)
-            finally:
-                try:
-                    await asyncio.wait_for(reader.close(), 10)
-                except (PulsarError, TimeoutError):
-                    pass
-        return stuck
+                await asyncio.wait_for(reader.close(), 10)
+            except (PulsarError, TimeoutError):
+                pass
+
+    async def unstick(self, committed: list[SeenCommit], max_rounds: int = 20) -> list[SeenCommit]:
+        """Deliver the commit of transactions the ledger shows committed (``committed``, read again
+        after the settle time) to output partitions that still hold them open. Returns the
+        records of partitions still held by a transaction (check again later): one not among
+        ``committed``, such as a batch in flight or a paused instance's."""
+        by_topic: dict[str, list[tuple[Position, SeenCommit]]] = {}
+        for r in committed:
+            for topic, start in r.output_starts.items():
+                by_topic.setdefault(topic, []).append((start, r))
+        held: list[SeenCommit] = []
+        for topic, starts in sorted(by_topic.items()):
+            starts.sort(key=lambda s: s[0])
+            end = await self.readable_end(topic)
+            delivered: set[str] = set()
+            for _ in range(max_rounds):
+                # A transaction's first output past the readable end is held open; the oldest such
+                # one, if the ledger shows it committed, is the one that holds the partition.
+                waiting = [(s, r) for s, r in starts if s[:2] > end[:2]]
+                if not waiting:
+                    break
+                start, rec = waiting[0]
+                if rec.txn_id in delivered:
+                    held += [r for _, r in waiting]  # held by a transaction not in the records
+                    break
+                log.warning("commit audit: %s is readable up to %s only, before batch %s (txn %s, committed); "
+                            "delivering its commit there", topic, end, rec.batch_id, rec.txn_id)
+                await self.commit_on_partition(topic, TxnID.parse(rec.txn_id))
+                delivered.add(rec.txn_id)
+                before, end = end, await self.readable_end(topic)
+                if end[:2] > before[:2]:
+                    self.unstuck += 1
+                    log.error("commit audit: batch %s (txn %s) was committed, but %s held it open from %s (its "
+                              "commit never reached that partition); delivered, readable now up to %s",
+                              rec.batch_id, rec.txn_id, topic, start, end)
+        return held
 
     async def commit_on_partition(self, topic: str, txn: Any) -> None:
         """Deliver the commit of ``txn`` to ``topic``, as its coordinator should have (the
@@ -173,16 +206,17 @@ class CommitAudit:
 
         conn = await self.client._pool.connection_for(topic)  # noqa: SLF001 - the client's own pool
         rid = next_request_id()
-        # The low watermark stays 0: it ends no other transaction of the partition.
+        # The low watermark is 2^64-1, which the broker reads as -1: below every transaction id, so
+        # it ends no other transaction of the partition (0 would abort a transaction (n,0) held there).
         resp = await conn.request(command(pb.BaseCommand.END_TXN_ON_PARTITION, request_id=rid, topic=topic,
                                           txnid_least_bits=txn.least, txnid_most_bits=txn.most,
-                                          txn_action=pb.COMMIT, txnid_least_bits_of_low_watermark=0), rid)
+                                          txn_action=pb.COMMIT, txnid_least_bits_of_low_watermark=NO_WATERMARK),
+                                  rid)
         check_error(resp, f"commit of {txn} on {topic}", topic=topic)
         r = resp.endTxnOnPartitionResponse
         if r.HasField("error"):
             raise from_server_error(pb.ServerError.Name(r.error), f"commit of {txn} on {topic}: {r.message}",
                                     topic=topic)
-        self.unstuck += 1
 
     def due(self, now: float | None = None) -> list[SeenCommit]:
         """The records whose check is due (each once, oldest first), taken off the waiting list."""

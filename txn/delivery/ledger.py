@@ -153,6 +153,15 @@ def _ids_per_topic(name: str, value: Any) -> None:
             _text(f"{name} (message id)", i, MAX_ID)
 
 
+def _id_per_topic(name: str, value: Any) -> None:
+    """``{topic: message id}`` within the bounds."""
+    if not isinstance(value, dict) or len(value) > MAX_TOPICS:
+        raise _fail(name, f"an object of at most {MAX_TOPICS} topics", value)
+    for topic, i in value.items():
+        _text(f"{name} (topic)", topic, MAX_TOPIC)
+        _text(f"{name} (message id)", i, MAX_ID)
+
+
 def _ranges_per_partition(name: str, value: Any) -> None:
     """``{topic partition: {"after": "L:E", "to": "L:E", "count": n}}`` within the bounds."""
     if not isinstance(value, dict) or len(value) > MAX_TOPICS:
@@ -182,6 +191,7 @@ def validate(rec: LedgerRecord) -> None:
     _ids_per_topic("inputs", rec.inputs)
     _ids_per_topic("duplicates", rec.duplicates)
     _ranges_per_partition("input_ranges", rec.input_ranges)
+    _id_per_topic("output_starts", rec.output_starts)
     if not isinstance(rec.outputs, dict) or len(rec.outputs) > MAX_TOPICS:
         raise _fail("outputs", f"an object of at most {MAX_TOPICS} topics", rec.outputs)
     for topic, n in rec.outputs.items():
@@ -364,6 +374,10 @@ class LedgerRecord:
     #: ``after`` (exclusive; entry ``-1`` is before a ledger's first) up to ``to`` (inclusive), all
     #: acknowledged cumulatively in the record's transaction. Left out of the JSON when empty.
     input_ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The id of the transaction's first output on each output partition (COMMITTED records of the
+    #: processor): where the commit audit looks for a commit that never reached a partition
+    #: (``txn.delivery.commit_audit``). Left out of the JSON when empty.
+    output_starts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, Kind):
@@ -397,6 +411,8 @@ class LedgerRecord:
         d["kind"] = str(self.kind)
         if not self.input_ranges:
             del d["input_ranges"]  # the id form's JSON stays what it always was
+        if not self.output_starts:
+            del d["output_starts"]
         if isinstance(self.config, RecordConfig):
             d["config"] = self.config.to_dict()
         if isinstance(self.error, str) and len(self.error) > MAX_ERROR:

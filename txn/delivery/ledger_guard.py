@@ -46,7 +46,7 @@ from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
 from ..message import EARLIEST, Message, MessageId, TxnID
-from .commit_audit import CommitAudit
+from .commit_audit import CommitAudit, parse_output_starts
 from .guard_checkpoint import Entry, Rung, choose, load_ladder, thin
 from .ledger import COMMITTING_KINDS as _COMMITTING
 from .ledger import SCHEMA
@@ -322,7 +322,8 @@ class LedgerGuard:
                     his[topic] = hi
         self.records_applied += 1
         if self.audit is not None and pos is not None and d.get("kind") == "COMMITTED":
-            self.audit.seen(pos, str(d.get("batch_id")), str(d.get("txn_id")), inputs)
+            self.audit.seen(pos, str(d.get("batch_id")), str(d.get("txn_id")), inputs,
+                            parse_output_starts(d.get("output_starts")))
 
     def passed(self, mid: MessageId) -> bool:
         """True once the reader has read the message ``mid`` of the ledger topic."""

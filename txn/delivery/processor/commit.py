@@ -33,7 +33,7 @@ from ...transaction import AsyncTransaction
 from ..batch_ids import narrowed_batch_id
 from ..batch_txn import BatchScope, BatchTxn
 from ..batching import EntryBoundaries
-from ..commit_audit import CommitAudit
+from ..commit_audit import CommitAudit, output_starts
 from ..fencing import PartitionFences
 from ..guard_checkpoint import encode as encode_checkpoint
 from ..guard_checkpoint import mark_deletes
@@ -225,7 +225,7 @@ class CommitPipeline:
         if not wrote_started:
             bt.started_later(inputs=_ids(msgs) if dups else inputs, with_config=True)
         registering = marking = None
-        last_outputs: dict[str, Any] = {}
+        first_outputs: dict[str, Any] = {}
         try:
             # Nothing of the transaction can commit past its timeout: a stage still waiting then
             # (a reply lost in a broker restart) is given up, and the batch is tried again.
@@ -243,7 +243,7 @@ class CommitPipeline:
                     outputs = await self._transform(fresh) if fresh else []
                 finally:
                     await _settle(registering, marking)
-                counts = await self._produce(outputs, t, last_outputs)
+                counts = await self._produce(outputs, t, first_outputs)
         except TimeoutError as exc:
             for f in (registering, marking):
                 if f is not None and not f.done():
@@ -268,7 +268,7 @@ class CommitPipeline:
             raise _Transient(exc) from exc
         await self.commit_slots.acquire()
         task = asyncio.get_running_loop().create_task(
-            self._finish(bt, msgs, inputs, counts, generation, fresh, duplicates, last_outputs)
+            self._finish(bt, msgs, inputs, counts, generation, fresh, duplicates, first_outputs)
         )
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -316,8 +316,8 @@ class CommitPipeline:
         return await asyncio.get_running_loop().run_in_executor(None, run_all)
 
     async def _produce(self, outputs: list[tuple[Message, list[Output]]], t: AsyncTransaction,
-                       last: dict[str, Any] | None = None) -> dict[str, int]:
-        """Send the outputs in ``t``; the count per topic. ``last`` gets each partition's last output id."""
+                       first: dict[str, Any] | None = None) -> dict[str, int]:
+        """Send the outputs in ``t``; the count per topic. ``first`` gets each partition's first output id."""
         counts: dict[str, int] = {}
         futs: list[tuple[Message, asyncio.Future[Any]]] = []
         for m, outs in outputs:
@@ -337,10 +337,10 @@ class CommitPipeline:
                 mid = await f
             except _PERMANENT_SEND_ERRORS as exc:
                 raise BatchFailed(exc, m) from exc
-            if last is not None and getattr(mid, "topic", ""):
-                prev = last.get(mid.topic)
-                if prev is None or prev < mid:
-                    last[mid.topic] = mid
+            if first is not None and getattr(mid, "topic", ""):
+                prev = first.get(mid.topic)
+                if prev is None or mid < prev:
+                    first[mid.topic] = mid
         return counts
 
     async def _finish(
@@ -352,7 +352,7 @@ class CommitPipeline:
         generation: int,
         fresh: list[Message],
         duplicates: dict[str, list[str]],
-        last_outputs: dict[str, Any] | None = None,
+        first_outputs: dict[str, Any] | None = None,
     ) -> None:
         c = self.config
         t, batch_id = bt.t, bt.batch_id
@@ -366,7 +366,8 @@ class CommitPipeline:
             assert self._consumer is not None and self._ledger is not None
             ack = asyncio.ensure_future(self._consumer.acknowledge_many(msgs, t))
             async with asyncio.timeout(limit_s):
-                receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates=duplicates)
+                receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates=duplicates,
+                                         output_starts=output_starts(first_outputs))
                 self._ledger.flush_now()
                 checkpoint = self._checkpoint(t)
                 try:
@@ -391,8 +392,6 @@ class CommitPipeline:
             self.stats.duplicates_skipped += len(msgs) - len(fresh)
             self.stats.outputs += sum(counts.values())
             self.stats.commit_ms_total += commit_ms
-            if self.audit is not None and last_outputs:
-                self.audit.committed_here(batch_id, t.id, last_outputs)
             if self.on_commit is not None:
                 self.on_commit(batch_id, t.id, len(fresh), counts, commit_ms)
             if self.metrics is not None:

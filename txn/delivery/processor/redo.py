@@ -22,7 +22,7 @@ from typing import Any
 from ...errors import CorruptMessage, OwnershipLost, PulsarError, Timeout
 from ...message import Message, MessageId
 from ..batch_txn import BatchScope
-from ..commit_audit import REDO_SUFFIX, CommitAudit, OwnCommit, SeenCommit, position
+from ..commit_audit import REDO_SUFFIX, CommitAudit, SeenCommit, output_starts, position
 from ..fencing import PartitionFences
 from ..guard_checkpoint import mark_deletes
 from ..ledger import Kind
@@ -72,7 +72,6 @@ class Redo:
                 log.info("commit audit: a broker connection came back; %d COMMITTED record(s) from the %.0fs before "
                          "are checked again in %.0fs", n, audit.keep_s, audit.settle_s)
         self._links_seen = links
-        own = audit.due_own()
         due = audit.due()
         if not due:
             return
@@ -84,11 +83,8 @@ class Redo:
             return
         if result.unreached:
             audit.retry_later(result.unreached, 10.0)
-        gone = {r.batch_id for r in result.vanished} | {r.batch_id for r in result.unreached}
-        present = {r.batch_id for r in due} - gone
-        for commit in own:
-            if commit.batch_id in present:
-                await self._unstick(commit)
+        gone = {r.pos for r in result.vanished} | {r.pos for r in result.unreached}
+        await self._unstick([r for r in due if r.pos not in gone])
         for rec in result.vanished:
             audit.handled.add(rec.pos)
             if rec.batch_id in result.redone:
@@ -102,23 +98,25 @@ class Redo:
                 audit.handled.discard(rec.pos)
                 audit.retry_later([rec], 10.0)
 
-    async def _unstick(self, commit: OwnCommit) -> None:
-        """A batch of this instance whose COMMITTED record is readable, but whose outputs on some
-        partition are not: the coordinator finished the commit without delivering it there (its
-        END_TXN_ON_PARTITION failed while the partition's bundle was unloading), so that partition's
-        transaction buffer holds the transaction open, and no later output of it is readable
-        either. Deliver the commit to that partition."""
+    async def _unstick(self, committed: list[SeenCommit]) -> None:
+        """Records still on the ledger after the settle time are committed batches: deliver their
+        commit to any output partition still holding it open (``CommitAudit.unstick``), whoever
+        committed them; partitions held by another transaction are checked again later."""
         audit = self.audit
         assert audit is not None
+        before = audit.unstuck
         try:
-            stuck = await audit.stuck_partitions(commit)
-            for topic in stuck:
-                log.error("commit audit: batch %s (txn %s) committed, but %s still holds it open (its commit never "
-                          "reached that partition); committing it there", commit.batch_id, commit.txn, topic)
-                await audit.commit_on_partition(topic, commit.txn)
-                self.stats.unstuck += 1
-        except PulsarError as exc:
-            log.warning("commit audit: outputs of batch %s not checked (%s)", commit.batch_id, exc)
+            held = await audit.unstick(committed)
+        except (PulsarError, TimeoutError) as exc:
+            log.warning("commit audit: output partitions not checked (%s); checking again in 10s", exc)
+            audit.retry_later(committed, 10.0)
+            return
+        finally:
+            self.stats.unstuck += audit.unstuck - before
+        if held:
+            log.info("commit audit: %d committed batch(es) are behind a transaction still open on their output "
+                     "partitions; checking again in 10s", len(held))
+            audit.retry_later(held, 10.0)
 
     async def _redo(self, rec: SeenCommit) -> bool:
         """Commit again the outputs of a rolled-back batch's owned inputs; False to try later."""
@@ -201,8 +199,10 @@ class Redo:
         generation = self._generation()  # type: ignore[attr-defined]
         try:
             await bt.mark(parts)
-            counts = await self._produce(outputs, bt.t)  # type: ignore[attr-defined]
-            receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates={})
+            first: dict[str, MessageId] = {}
+            counts = await self._produce(outputs, bt.t, first)  # type: ignore[attr-defined]
+            receipt = await bt.write(Kind.COMMITTED, inputs=inputs, outputs=counts, duplicates={},
+                                     output_starts=output_starts(first))
             self._ledger.flush_now()
             await receipt
             if self._generation() != generation:  # type: ignore[attr-defined]
