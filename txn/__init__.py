@@ -14,6 +14,7 @@ from .auth import (
 )
 from .client import AsyncClient
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
+from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .errors import (
     AlreadyClosed,
@@ -81,6 +82,7 @@ __all__ = [
     "CompressionType",
     "ConnectError",
     "Consumer",
+    "ConsumerBatchReceivePolicy",
     "ConsumerBusy",
     "ConsumerType",
     "CoordinatorNotFound",

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from typing import Any
 
 from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .context import ClientContext
 from .coordinator import CoordinatorClient
@@ -232,8 +234,12 @@ class AsyncClient:
         dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
         *,
         schema: Schema | None = None,
+        batch_receive_policy: ConsumerBatchReceivePolicy | None = None,
     ) -> AsyncConsumer:
-        """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``)."""
+        """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``).
+
+        ``batch_receive_policy`` sets the limits of ``batch_receive()`` (default: no count limit,
+        10 MiB, 100 ms)."""
         self._check()
         check_type((str, list), topic, "topic")
         check_type(str, subscription_name, "subscription_name")
@@ -252,11 +258,15 @@ class AsyncClient:
             raise ValueError("subscription_name must be a non-empty string")
         if receiver_queue_size <= 0:
             raise ValueError("receiver_queue_size must be positive (the queue is always bounded)")
+        if not consumer_name and isinstance(topic, str):
+            # As the official client: a consumer of one topic gets a random 10-hex-digit name;
+            # one of a list of topics has none ("").
+            consumer_name = secrets.token_hex(5)
         conf = ConsumerConfig(
             subscription_name=subscription_name,
             consumer_type=ConsumerType(consumer_type),
             initial_position=InitialPosition(initial_position),
-            consumer_name=consumer_name,
+            consumer_name=consumer_name or None,
             receiver_queue_size=receiver_queue_size,
             max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
@@ -264,6 +274,8 @@ class AsyncClient:
             properties=dict(properties or {}),
             schema=_no_bytes(schema),
         )
+        check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
+        conf.batch_receive_policy = batch_receive_policy
         if dead_letter_policy is not None:
             check_type(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
             conf.dead_letter_policy = dead_letter_policy

@@ -145,6 +145,95 @@ class ReceiveQueue:
             except TimeoutError:
                 raise Timeout("no message received within the timeout") from None
 
+    # ------------------------------------------------------------ batch receive
+
+    def _batch_ready(self, max_n: int, max_bytes: int) -> bool:
+        """True when the queue holds ``max_n`` messages or ``max_bytes`` bytes of payload (under the lock)."""
+        dq = self._dq
+        if not dq:
+            return False
+        if max_n > 0 and len(dq) >= max_n:
+            return True
+        if max_bytes > 0:
+            total = 0
+            for item in dq:
+                total += _size(item)
+                if total >= max_bytes:
+                    return True
+        return False
+
+    def _take_batch_locked(self, max_n: int, max_bytes: int) -> tuple[list[Any], list[tuple[Any, int, int]]]:
+        """Pop messages while the batch stays within ``max_n`` messages and ``max_bytes`` bytes (the
+        first is always taken); a queued error ends the batch, or is raised if it comes first.
+        Returns the batch and the FLOWs to send (sub-consumer, permits, session)."""
+        out: list[Any] = []
+        flows: list[tuple[Any, int, int]] = []
+        size = 0
+        dq = self._dq
+        while dq:
+            item = dq[0]
+            if type(item) is QueuedError:
+                if not out:
+                    dq.popleft()
+                    raise item.error
+                break
+            n = _size(item)
+            if out and ((0 < max_n <= len(out)) or (max_bytes > 0 and size + n > max_bytes)):
+                break
+            dq.popleft()
+            out.append(item)
+            size += n
+            sub = item.consumer
+            if sub is not None:
+                flow = _count_locked(sub, 1)
+                if flow:
+                    flows.append((sub, flow, sub.session))
+        return out, flows
+
+    def get_batch_blocking(self, max_n: int, max_bytes: int, timeout: float | None) -> list[Any]:
+        """Wait until ``max_n`` messages or ``max_bytes`` bytes are queued, or ``timeout`` seconds
+        passed (None: no time limit), then pop a batch within those limits (other threads only)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed is not None:
+                    raise self._closed
+                if self._batch_ready(max_n, max_bytes):
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._sync_waiters += 1
+                try:
+                    self._cond.wait(remaining if remaining is not None else 1.0)
+                finally:
+                    self._sync_waiters -= 1
+            out, flows = self._take_batch_locked(max_n, max_bytes)
+        for sub, n, session in flows:
+            self._flow(sub, n, session)
+        return out
+
+    async def get_batch(self, max_n: int, max_bytes: int, timeout: float | None) -> list[Any]:
+        """As :meth:`get_batch_blocking`, awaiting (event-loop thread)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._closed is not None:
+                    raise self._closed
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if self._batch_ready(max_n, max_bytes) or (remaining is not None and remaining <= 0):
+                    out, flows = self._take_batch_locked(max_n, max_bytes)
+                    break
+            fut = self._loop.create_future()
+            self._async_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                pass
+        for sub, n, session in flows:
+            self._flow(sub, n, session)
+        return out
+
     def remove_where(self, pred: Callable[[Any], bool]) -> int:
         """Drop queued messages matching ``pred``; returns how many (event-loop thread)."""
         with self._lock:
@@ -171,6 +260,11 @@ class ReceiveQueue:
             if not w.done():
                 w.set_result(None)
         self._async_waiters.clear()
+
+
+def _size(item: Any) -> int:
+    """Payload bytes of a queued message (0 for a queued error)."""
+    return 0 if type(item) is QueuedError else len(item.data())
 
 
 def _count_locked(sub: Any, n: int) -> int:

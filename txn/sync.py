@@ -258,6 +258,10 @@ class Consumer:
         """The subscription."""
         return self._inner.subscription_name()
 
+    def consumer_name(self) -> str:
+        """The consumer's name (see :meth:`AsyncConsumer.consumer_name`)."""
+        return self._inner.consumer_name()
+
     def receive(self, timeout_millis: int | None = None) -> Message:
         """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
@@ -266,6 +270,19 @@ class Consumer:
         if self._inner.conf.schema is not None:
             self._lt.run(self._inner.learn_writer_schema(msg))
         return msg
+
+    def batch_receive(self) -> list[Message]:
+        """Block until ``batch_receive_policy`` says the batch is complete (its count or bytes are
+        reached, or its timeout passed); returns the messages, maybe none."""
+        inner = self._inner
+        inner.check_open()
+        p = inner.batch_policy
+        msgs = inner.receive_queue.get_batch_blocking(p.max_num_message, p.max_num_bytes,
+                                                      p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None)
+        if inner.conf.schema is not None:
+            for m in msgs:
+                self._lt.run(inner.learn_writer_schema(m))
+        return msgs
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:
         """Acknowledge; with ``txn`` it blocks until the broker accepted the transactional ack."""

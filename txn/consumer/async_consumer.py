@@ -15,6 +15,7 @@ from ..errors import AlreadyClosed, PulsarError
 from ..message import Message, MessageId, ReceivedMessage
 from ..receive_queue import ReceiveQueue
 from .acks import TXN_ACK_CHUNK, _split_by_entry
+from .batch_receive import DEFAULT_POLICY
 from .config import ConsumerConfig, ConsumerType
 from .dead_letter import DeadLetterSender
 from .topic_consumer import TopicConsumer
@@ -71,6 +72,8 @@ class AsyncConsumer:
         self.subscriptions_made = 0
         policy = conf.dead_letter_policy
         self._dead_letters = None if policy is None else DeadLetterSender(self, policy)  # type: ignore[arg-type]
+        #: The limits of :meth:`batch_receive` (the count capped at ``receiver_queue_size``, as there).
+        self.batch_policy = (conf.batch_receive_policy or DEFAULT_POLICY).capped(conf.receiver_queue_size)
 
     async def start(self) -> None:
         """Subscribe on every topic and partition (the client calls it; raises the broker's error)."""
@@ -200,6 +203,10 @@ class AsyncConsumer:
         """The subscription's name."""
         return self.conf.subscription_name
 
+    def consumer_name(self) -> str:
+        """The consumer's name, sent in SUBSCRIBE (``""`` for a consumer of a list of topics given none)."""
+        return self.conf.consumer_name or ""
+
     @property
     def closed(self) -> bool:
         """True once closed (or unsubscribed)."""
@@ -227,6 +234,18 @@ class AsyncConsumer:
         if self.conf.schema is not None:
             await self.learn_writer_schema(msg)
         return msg
+
+    async def batch_receive(self) -> list[Message]:
+        """The messages received, as a list, once ``batch_receive_policy`` says the batch is complete:
+        its message count or byte size is reached, or its timeout passed (then maybe an empty list)."""
+        self.check_open()
+        p = self.batch_policy
+        msgs = await self.receive_queue.get_batch(p.max_num_message, p.max_num_bytes,
+                                                  p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None)
+        if self.conf.schema is not None:
+            for m in msgs:
+                await self.learn_writer_schema(m)
+        return msgs
 
     async def learn_writer_schema(self, msg: Message) -> None:
         """Fetch (once) the definition ``msg`` was written with, so that ``value()`` decodes by it."""

@@ -50,3 +50,5 @@ class ConsumerConfig:
     partitions_update_interval_ms: int = 60000
     #: a :class:`txn.schema.Schema`: checked with the broker at subscribe; ``Message.value()`` decodes by it
     schema: Any = None
+    #: a :class:`~.batch_receive.ConsumerBatchReceivePolicy` for ``batch_receive()`` (None: the official defaults)
+    batch_receive_policy: Any = None
