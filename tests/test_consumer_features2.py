@@ -327,3 +327,109 @@ def test_async_batch_receive(clients: dict[str, Any], broker: Any, topic: str) -
 
     got = _parallel({"pulsar": theirs, "txn": lambda: asyncio.run(ours())})
     assert _same(got) == [["m0", "m1", "m2"], ["m3", "m4", "m5"], ["m6"], []]
+
+
+# ====================================================================== message_listener
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_message_listener(clients: dict[str, Any], topic: str) -> None:
+    """``message_listener(consumer, message)`` gets every message in order on a thread other than the
+    caller's; one that raises is logged and the next message still comes; ``receive()`` raises
+    ``InvalidConfiguration``; ``pause_message_listener()`` holds messages back until
+    ``resume_message_listener()``; what the listener did not acknowledge is redelivered."""
+
+    def scenario(side: str, t: str) -> Any:
+        c = clients[side]
+        got: list[tuple[bytes, bool]] = []
+        caller = threading.current_thread()
+
+        def listener(consumer: Any, msg: Any) -> None:
+            got.append((msg.data(), threading.current_thread() is not caller))
+            if msg.data() == b"m1":
+                raise RuntimeError("listener failure (expected by the test)")
+            consumer.acknowledge(msg)
+
+        consumer = c.subscribe(t, "s", message_listener=listener)
+        p = c.create_producer(t, batching_enabled=False)
+        for i in range(4):
+            p.send(f"m{i}".encode())
+        _wait_for(lambda: len(got) >= 4)
+        with pytest.raises(Exception) as refused:
+            consumer.receive(100)
+        consumer.pause_message_listener()
+        for i in range(4, 6):
+            p.send(f"m{i}".encode())
+        time.sleep(0.5)
+        while_paused = len(got)
+        consumer.resume_message_listener()
+        _wait_for(lambda: len(got) >= 6)
+        consumer.close()
+        p.close()
+        again = c.subscribe(t, "s")
+        left = consumer_left(again)
+        again.close()
+        return got, type(refused.value).__name__, while_paused, left
+
+    got, refused, while_paused, left = _same(_each(topic, scenario))
+    assert got == [(f"m{i}".encode(), True) for i in range(6)]
+    assert (refused, while_paused, left) == ("InvalidConfiguration", 4, [b"m1"])
+
+
+def test_pause_without_listener_is_refused(clients: dict[str, Any], topic: str) -> None:
+    for side in BOTH:
+        consumer = clients[side].subscribe(topic, f"s-{side}")
+        for call in (consumer.pause_message_listener, consumer.resume_message_listener):
+            with pytest.raises(_mod(side).InvalidConfiguration):
+                call()
+        consumer.close()
+
+
+def test_async_message_listener(clients: dict[str, Any], broker: Any, topic: str) -> None:
+    """On ``txn.AsyncClient`` the listener runs on the event loop (``pulsar.asyncio`` has none): a
+    coroutine listener is awaited before the next message; the same messages as the official one."""
+
+    def theirs() -> list[bytes]:
+        got: list[bytes] = []
+        consumer = clients["pulsar"].subscribe(
+            f"{topic}-pulsar", "s", message_listener=lambda c, m: (got.append(m.data()), c.acknowledge(m)))
+        _produce(clients["pulsar"], f"{topic}-pulsar", 5)
+        _wait_for(lambda: len(got) >= 5)
+        consumer.close()
+        return got
+
+    async def ours() -> tuple[list[bytes], str]:
+        got: list[bytes] = []
+
+        async def listener(consumer: txn.AsyncConsumer, msg: txn.Message) -> None:
+            await asyncio.sleep(0.01)
+            got.append(msg.data())
+            consumer.acknowledge(msg)
+
+        async with txn.AsyncClient(broker.service_url) as client:
+            consumer = await client.subscribe(f"{topic}-txn", "s", message_listener=listener)
+            producer = await client.create_producer(f"{topic}-txn", batching_enabled=False)
+            for i in range(5):
+                await producer.send(f"m{i}".encode())
+            for _ in range(500):
+                if len(got) >= 5:
+                    break
+                await asyncio.sleep(0.02)
+            try:
+                await consumer.receive(100)
+                refused = ""
+            except txn.InvalidConfiguration as exc:
+                refused = type(exc).__name__
+            return got, refused
+
+    got = _parallel({"pulsar": theirs, "txn": lambda: asyncio.run(ours())})
+    assert got["txn"] == (got["pulsar"], "InvalidConfiguration")
+    assert got["pulsar"] == [f"m{i}".encode() for i in range(5)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from .args import NUMBER, check_type, check_type_or_none
@@ -21,7 +22,7 @@ from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed
-from .message import MessageId, TxnID
+from .message import Message, MessageId, TxnID
 from .pool import MAX_PARTITIONS, ConnectionPool
 from .producer import AsyncProducer, HashingScheme, ProducerAccessMode, ProducerConfig
 from .protocol import CompressionType
@@ -235,11 +236,14 @@ class AsyncClient:
         *,
         schema: Schema | None = None,
         batch_receive_policy: ConsumerBatchReceivePolicy | None = None,
+        message_listener: Callable[[AsyncConsumer, Message], Any] | None = None,
     ) -> AsyncConsumer:
         """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``).
 
         ``batch_receive_policy`` sets the limits of ``batch_receive()`` (default: no count limit,
-        10 MiB, 100 ms)."""
+        10 MiB, 100 ms). ``message_listener(consumer, message)`` is called for each message, one at
+        a time, on the event loop (a coroutine it returns is awaited first); ``receive()`` then
+        raises :class:`~txn.InvalidConfiguration`."""
         self._check()
         check_type((str, list), topic, "topic")
         check_type(str, subscription_name, "subscription_name")
@@ -279,9 +283,13 @@ class AsyncClient:
         if dead_letter_policy is not None:
             check_type(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
             conf.dead_letter_policy = dead_letter_policy
+        if message_listener is not None and not callable(message_listener):
+            raise ValueError("message_listener must be callable")
         c = AsyncConsumer(self._ctx, names, conf)
         await c.start()
         self._consumers.add(c)
+        if message_listener is not None:
+            c.start_listener(message_listener)
         return c
 
     async def create_reader(

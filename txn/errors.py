@@ -209,6 +209,13 @@ class AlreadyClosed(PulsarError):
     result = Result.AlreadyClosed
 
 
+class InvalidConfiguration(PulsarError):
+    """A call the consumer's or producer's configuration does not allow (e.g. ``receive()`` on a
+    consumer with a ``message_listener``)."""
+
+    result = Result.InvalidConfiguration
+
+
 class InvalidTopicName(PulsarError, ValueError):
     """The topic name is not a valid Pulsar topic name."""
 

@@ -9,6 +9,7 @@ pops from the thread-safe receive queue, and plain acks are grouped.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -21,12 +22,14 @@ from .bridge import LoopThread
 from .client import AsyncClient
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
-from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
+from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result, Timeout
 from .message import Message, MessageId
 from .pool import MAX_PARTITIONS
 from .producer import AsyncProducer, run_callback
 from .protocol import CompressionType
 from .transaction import AsyncTransaction, TxnState
+
+_log = logging.getLogger("txn.consumer")
 
 
 class Transaction:
@@ -244,6 +247,61 @@ class Consumer:
     def __init__(self, inner: AsyncConsumer, lt: LoopThread) -> None:
         self._inner = inner
         self._lt = lt
+        self._listener_thread: threading.Thread | None = None
+        self._listener_resumed = threading.Event()
+        self._listener_resumed.set()
+
+    # -------------------------------------------------------- message listener
+
+    def _start_listener(self, listener: Callable[[Consumer, Message], Any]) -> None:
+        """Call ``listener(self, message)`` for every message, one at a time, on a thread of its own."""
+        self._inner.message_listener = listener
+        self._listener_thread = threading.Thread(target=self._listen, args=(listener,), daemon=True,
+                                                 name=f"txn-listener-{self._inner.subscription_name()}")
+        self._listener_thread.start()
+
+    def _listen(self, listener: Callable[[Consumer, Message], Any]) -> None:
+        inner = self._inner
+        queue = inner.receive_queue
+        while not inner.closed:
+            self._listener_resumed.wait()
+            try:
+                msg = queue.get_blocking(0.5)
+                if inner.conf.schema is not None:
+                    self._lt.run(inner.learn_writer_schema(msg))
+            except Timeout:
+                continue
+            except AlreadyClosed:
+                return
+            except PulsarError as exc:  # a corrupt entry's error, at its place in the stream
+                _log.error("message listener of %s skipped: %s", inner.topic(), exc)
+                continue
+            except RuntimeError:  # the client's loop has stopped
+                return
+            self._listener_resumed.wait()  # paused while this one was awaited: hold it until resumed
+            if inner.closed:
+                return
+            try:
+                listener(self, msg)
+            except Exception:
+                _log.exception("message listener of %s raised", inner.topic())
+
+    def pause_message_listener(self) -> None:
+        """Stop calling the listener (messages stay queued) until :meth:`resume_message_listener`;
+        a consumer without a listener raises :class:`~txn.InvalidConfiguration`."""
+        self._inner.check_listener()
+        self._listener_resumed.clear()
+
+    def resume_message_listener(self) -> None:
+        """Call the listener again, with the messages queued meanwhile first."""
+        self._inner.check_listener()
+        self._listener_resumed.set()
+
+    def _join_listener(self) -> None:
+        thread = self._listener_thread
+        self._listener_resumed.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
 
     @property
     def async_consumer(self) -> AsyncConsumer:
@@ -265,7 +323,7 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
-        self._inner.check_open()
+        self._inner.check_receive()
         msg = self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
         if self._inner.conf.schema is not None:
             self._lt.run(self._inner.learn_writer_schema(msg))
@@ -330,10 +388,12 @@ class Consumer:
     def unsubscribe(self) -> None:
         """Delete the subscription and close."""
         self._lt.run(self._inner.unsubscribe())
+        self._join_listener()
 
     def close(self) -> None:
-        """Close (pending acks are flushed first)."""
+        """Close (pending acks are flushed first); waits for a listener call in progress to return."""
         self._lt.run(self._inner.close())
+        self._join_listener()
 
     def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on the topic (non-partitioned or one partition)."""
@@ -462,11 +522,17 @@ class Client:
         subscription_name: str,
         consumer_type: ConsumerType = ConsumerType.Exclusive,
         initial_position: InitialPosition = InitialPosition.Latest,
+        message_listener: Callable[[Consumer, Message], Any] | None = None,
         **kwargs: Any,
     ) -> Consumer:
-        """Subscribe; keyword arguments as in :meth:`AsyncClient.subscribe`."""
+        """Subscribe; keyword arguments as in :meth:`AsyncClient.subscribe`.
+
+        ``message_listener(consumer, message)`` is called for each message, one at a time, on a
+        thread of the consumer's own (``receive()`` then raises :class:`~txn.InvalidConfiguration`)."""
         self._check()
-        return Consumer(
+        if message_listener is not None and not callable(message_listener):
+            raise ValueError("message_listener must be callable")
+        consumer = Consumer(
             self._lt.run(
                 self._inner.subscribe(
                     topic, subscription_name, consumer_type=consumer_type, initial_position=initial_position,
@@ -475,6 +541,9 @@ class Client:
             ),
             self._lt,
         )
+        if message_listener is not None:
+            consumer._start_listener(message_listener)  # noqa: SLF001 - its own class
+        return consumer
 
     def create_reader(self, topic: str, start_message_id: MessageId, start_message_id_inclusive: bool = False,
                       **kwargs: Any) -> Reader:

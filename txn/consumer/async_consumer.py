@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from ..args import NUMBER, check_type_or_none
 from ..backoff import Backoff
 from ..context import ClientContext
-from ..errors import AlreadyClosed, PulsarError
+from ..errors import AlreadyClosed, InvalidConfiguration, PulsarError
 from ..message import Message, MessageId, ReceivedMessage
 from ..receive_queue import ReceiveQueue
 from .acks import TXN_ACK_CHUNK, _split_by_entry
@@ -72,6 +73,11 @@ class AsyncConsumer:
         self.subscriptions_made = 0
         policy = conf.dead_letter_policy
         self._dead_letters = None if policy is None else DeadLetterSender(self, policy)  # type: ignore[arg-type]
+        #: The ``message_listener`` given at subscribe; while one is set, ``receive()`` is refused.
+        self.message_listener: Callable[..., Any] | None = None
+        self._listener_task: asyncio.Task[None] | None = None
+        self._listener_resumed = asyncio.Event()
+        self._listener_resumed.set()
         #: The limits of :meth:`batch_receive` (the count capped at ``receiver_queue_size``, as there).
         self.batch_policy = (conf.batch_receive_policy or DEFAULT_POLICY).capped(conf.receiver_queue_size)
 
@@ -218,7 +224,7 @@ class AsyncConsumer:
 
     def receive_nowait(self) -> Message | None:
         """A queued message, or ``None`` without waiting."""
-        self.check_open()
+        self.check_receive()
         return self.receive_queue.get_nowait()
 
     def check_open(self) -> None:
@@ -226,10 +232,61 @@ class AsyncConsumer:
         if self._closed:
             raise AlreadyClosed("consumer is closed", topic=self._topics[0])
 
+    def check_receive(self) -> None:
+        """Raise :class:`AlreadyClosed` once closed, :class:`InvalidConfiguration` while a listener is set."""
+        self.check_open()
+        if self.message_listener is not None:
+            raise InvalidConfiguration("Can not receive when a listener has been set", topic=self._topics[0])
+
+    # -------------------------------------------------------- message listener
+
+    def start_listener(self, listener: Callable[..., Any]) -> None:
+        """Hand every message to ``listener(self, message)`` from now on, one at a time, on the event
+        loop; a coroutine it returns is awaited before the next message (event-loop thread)."""
+        self.message_listener = listener
+        self._listener_task = asyncio.get_running_loop().create_task(self._run_listener(listener))
+
+    async def _run_listener(self, listener: Callable[..., Any]) -> None:
+        while not self._closed:
+            await self._listener_resumed.wait()
+            try:
+                msg = await self.receive_queue.get(None)
+                if self.conf.schema is not None:
+                    await self.learn_writer_schema(msg)
+            except AlreadyClosed:
+                return
+            except PulsarError as exc:  # a corrupt entry's error, at its place in the stream
+                log.error("message listener of %s skipped: %s", self._topics[0], exc)
+                continue
+            await self._listener_resumed.wait()  # paused while this one was awaited: hold it until resumed
+            if self._closed:
+                return
+            try:
+                result = listener(self, msg)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("message listener of %s raised", self._topics[0])
+
+    def pause_message_listener(self) -> None:
+        """Stop handing messages to the listener (they stay queued) until :meth:`resume_message_listener`."""
+        self.check_listener()
+        self._listener_resumed.clear()
+
+    def resume_message_listener(self) -> None:
+        """Hand messages to the listener again, those queued meanwhile first."""
+        self.check_listener()
+        self._listener_resumed.set()
+
+    def check_listener(self) -> None:
+        """Raise :class:`InvalidConfiguration` if the consumer has no message listener (as the official client)."""
+        if self.message_listener is None:
+            raise InvalidConfiguration("the consumer has no message listener", topic=self._topics[0])
+
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
-        self.check_open()
+        self.check_receive()
         msg = await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
         if self.conf.schema is not None:
             await self.learn_writer_schema(msg)
@@ -421,8 +478,9 @@ class AsyncConsumer:
         self.ctx.forget(self)
 
     def _stop_tasks(self) -> None:
-        for task in (self._ticker, self._discoverer):
-            if task is not None:
+        current = asyncio.current_task()
+        for task in (self._ticker, self._discoverer, self._listener_task):
+            if task is not None and task is not current:  # a listener may close its own consumer
                 task.cancel()
 
 
