@@ -433,3 +433,79 @@ def test_async_message_listener(clients: dict[str, Any], broker: Any, topic: str
     got = _parallel({"pulsar": theirs, "txn": lambda: asyncio.run(ours())})
     assert got["txn"] == (got["pulsar"], "InvalidConfiguration")
     assert got["pulsar"] == [f"m{i}".encode() for i in range(5)]
+
+
+# ====================================================================== ack timeout, negative-ack delay
+
+
+def test_unacked_messages_timeout_is_checked(clients: dict[str, Any], topic: str) -> None:
+    for side in BOTH:
+        with pytest.raises(ValueError, match="greater than 10 seconds"):
+            clients[side].subscribe(topic, "s", unacked_messages_timeout_ms=5000)
+        with pytest.raises(ValueError):
+            clients[side].subscribe(topic, "s", unacked_messages_timeout_ms="10000")
+        clients[side].subscribe(topic, f"off-{side}", unacked_messages_timeout_ms=0).close()
+
+
+def test_unacked_messages_timeout(clients: dict[str, Any], topic: str) -> None:
+    """What was received and not acknowledged comes again 10 to 12 s later (the official minimum
+    timeout and its 1 s tick): by id on a Shared subscription (the broker counts a redelivery),
+    everything unacknowledged on an Exclusive one. Negatively acknowledged, a message follows the
+    negative-ack delay instead. The four scenarios run at once: the test takes one timeout."""
+
+    def scenario(side: str, t: str, kind: str) -> Any:
+        c = clients[side]
+        shared = kind == "Shared"
+        consumer = c.subscribe(t, "s", consumer_type=getattr(_mod(side).ConsumerType, kind),
+                               unacked_messages_timeout_ms=10000, negative_ack_redelivery_delay_ms=500)
+        _produce(c, t, 4 if shared else 3)
+        first = [consumer.receive(5000) for _ in range(4 if shared else 3)]
+        start = time.monotonic()
+        consumer.acknowledge(first[1])
+        nacked = None
+        if shared:  # (on Exclusive a negative ack redelivers everything unacknowledged)
+            consumer.negative_acknowledge(first[3])  # comes back after 0.5 s, not with the timeout
+            m = consumer.receive(5000)
+            nacked = (m.data(), m.redelivery_count(), 0.4 < time.monotonic() - start < 2.0)
+            consumer.acknowledge(m)
+        again = [consumer.receive(15000) for _ in range(2)]
+        elapsed = time.monotonic() - start
+        for m in again:
+            consumer.acknowledge(m)
+        left = consumer_left(consumer)
+        consumer.close()
+        return nacked, sorted((m.data(), m.redelivery_count()) for m in again), 9.8 < elapsed < 13.0, left
+
+    calls = {(kind, side): (lambda kind=kind, side=side: scenario(side, f"{topic}-{kind}-{side}", kind))
+             for kind in ("Shared", "Exclusive") for side in BOTH}
+    got = _parallel(calls)
+    assert got[("Shared", "txn")] == got[("Shared", "pulsar")] == (
+        (b"m3", 1, True), [(b"m0", 1), (b"m2", 1)], True, [])
+    assert got[("Exclusive", "txn")] == got[("Exclusive", "pulsar")] == (None, [(b"m0", 0), (b"m2", 0)], True, [])
+
+
+def test_negative_ack_redelivery_delay(clients: dict[str, Any], topic: str) -> None:
+    """A negatively acknowledged message comes again after ``negative_ack_redelivery_delay_ms``,
+    not before; with the default (60 s) not within a short wait."""
+
+    def scenario(side: str, t: str) -> Any:
+        c = clients[side]
+        fast = c.subscribe(t, "fast", consumer_type=_mod(side).ConsumerType.Shared,
+                           negative_ack_redelivery_delay_ms=600)
+        slow = c.subscribe(t, "slow", consumer_type=_mod(side).ConsumerType.Shared)
+        _produce(c, t, 1)
+        out = []
+        for consumer in (fast, slow):
+            m = consumer.receive(5000)
+            start = time.monotonic()
+            consumer.negative_acknowledge(m)
+            try:
+                back = consumer.receive(1000)
+                out.append((back.data(), back.redelivery_count(), 0.55 < time.monotonic() - start < 1.5))
+            except Exception as exc:  # both clients' Timeout
+                assert "imeout" in type(exc).__name__ or "imeout" in str(exc), exc
+                out.append(None)
+            consumer.close()
+        return out
+
+    assert _same(_each(topic, scenario)) == [(b"m0", 1, True), None]

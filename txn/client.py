@@ -17,6 +17,7 @@ from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .consumer.ack_timeout import check_unacked_messages_timeout
 from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .context import ClientContext
@@ -237,13 +238,15 @@ class AsyncClient:
         schema: Schema | None = None,
         batch_receive_policy: ConsumerBatchReceivePolicy | None = None,
         message_listener: Callable[[AsyncConsumer, Message], Any] | None = None,
+        unacked_messages_timeout_ms: int | None = None,
     ) -> AsyncConsumer:
         """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``).
 
         ``batch_receive_policy`` sets the limits of ``batch_receive()`` (default: no count limit,
         10 MiB, 100 ms). ``message_listener(consumer, message)`` is called for each message, one at
         a time, on the event loop (a coroutine it returns is awaited first); ``receive()`` then
-        raises :class:`~txn.InvalidConfiguration`."""
+        raises :class:`~txn.InvalidConfiguration`. ``unacked_messages_timeout_ms`` (at least 10000,
+        or None/0 for none) redelivers what was handed out and not acknowledged within it."""
         self._check()
         check_type((str, list), topic, "topic")
         check_type(str, subscription_name, "subscription_name")
@@ -278,6 +281,9 @@ class AsyncClient:
             properties=dict(properties or {}),
             schema=_no_bytes(schema),
         )
+        check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
+        check_unacked_messages_timeout(unacked_messages_timeout_ms)
+        conf.unacked_messages_timeout_ms = unacked_messages_timeout_ms or None
         check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
         conf.batch_receive_policy = batch_receive_policy
         if dead_letter_policy is not None:

@@ -281,6 +281,7 @@ class Consumer:
             self._listener_resumed.wait()  # paused while this one was awaited: hold it until resumed
             if inner.closed:
                 return
+            inner.handed_out(msg)
             try:
                 listener(self, msg)
             except Exception:
@@ -327,6 +328,8 @@ class Consumer:
         msg = self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
         if self._inner.conf.schema is not None:
             self._lt.run(self._inner.learn_writer_schema(msg))
+        if self._inner.unacked is not None:
+            self._inner.unacked.add(msg)
         return msg
 
     def batch_receive(self) -> list[Message]:
@@ -337,9 +340,10 @@ class Consumer:
         p = inner.batch_policy
         msgs = inner.receive_queue.get_batch_blocking(p.max_num_message, p.max_num_bytes,
                                                       p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None)
-        if inner.conf.schema is not None:
-            for m in msgs:
+        for m in msgs:
+            if inner.conf.schema is not None:
                 self._lt.run(inner.learn_writer_schema(m))
+            inner.handed_out(m)
         return msgs
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: Transaction | None = None) -> None:

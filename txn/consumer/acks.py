@@ -127,6 +127,12 @@ class AckTracker:
         if self._closed:
             raise AlreadyClosed("consumer is closed", topic=self.topic)
         self._ack_inbox.append((item, cumulative))
+        unacked = self.parent.unacked
+        if unacked is not None:
+            if cumulative:
+                unacked.remove_until(self, item)
+            else:
+                unacked.remove(self, item)
 
     def flush_acks(self) -> None:
         """Send queued acks now (event-loop thread)."""
@@ -223,14 +229,19 @@ class AckTracker:
                 pb.ServerError.Name(r.error), f"transactional ack failed: {r.message}", topic=self.topic,
                 txn_id=txn.id,
             )
+        unacked = self.parent.unacked
         for mid in mids:
             self._nacks.pop(mid, None)
+            if unacked is not None:
+                unacked.remove(self, mid)
 
     # ---------------------------------------------------------------- redelivery
 
     def nack(self, mid: MessageId) -> None:
         """Ask for redelivery of ``mid`` after the negative-ack delay (event-loop thread)."""
         self._nacks[mid] = time.monotonic() + self.conf.negative_ack_redelivery_delay_ms / 1000.0
+        if self.parent.unacked is not None:
+            self.parent.unacked.remove(self, mid)
 
     def process_nacks(self) -> None:
         if not self._nacks:
@@ -261,6 +272,8 @@ class AckTracker:
                 )
                 return
             self._epoch += 1
+            if self.parent.unacked is not None:
+                self.parent.unacked.clear(self)
             removed = self.parent.receive_queue.remove_where(lambda m: m.consumer is self)
             if removed:
                 self._skip(removed)

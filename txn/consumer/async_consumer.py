@@ -15,6 +15,7 @@ from ..context import ClientContext
 from ..errors import AlreadyClosed, InvalidConfiguration, PulsarError
 from ..message import Message, MessageId, ReceivedMessage
 from ..receive_queue import ReceiveQueue
+from .ack_timeout import UnackedTracker
 from .acks import TXN_ACK_CHUNK, _split_by_entry
 from .batch_receive import DEFAULT_POLICY
 from .config import ConsumerConfig, ConsumerType
@@ -78,6 +79,9 @@ class AsyncConsumer:
         self._listener_task: asyncio.Task[None] | None = None
         self._listener_resumed = asyncio.Event()
         self._listener_resumed.set()
+        #: Messages handed out and not acknowledged yet (with ``unacked_messages_timeout_ms`` only).
+        self.unacked = UnackedTracker(conf.unacked_messages_timeout_ms) if conf.unacked_messages_timeout_ms else None
+        self._ack_timer: asyncio.Task[None] | None = None
         #: The limits of :meth:`batch_receive` (the count capped at ``receiver_queue_size``, as there).
         self.batch_policy = (conf.batch_receive_policy or DEFAULT_POLICY).capped(conf.receiver_queue_size)
 
@@ -104,6 +108,8 @@ class AsyncConsumer:
             raise
         loop = asyncio.get_running_loop()
         self._ticker = loop.create_task(self._tick())
+        if self.unacked is not None:
+            self._ack_timer = loop.create_task(self._redeliver_timed_out(self.unacked))
         if self._partition_counts:
             self._discoverer = loop.create_task(self._discover())
 
@@ -114,6 +120,23 @@ class AsyncConsumer:
             for s in self.topic_consumers:
                 s.flush_acks()
                 s.process_nacks()
+
+    async def _redeliver_timed_out(self, unacked: UnackedTracker) -> None:
+        """Each tick, ask for the redelivery of what was handed out a timeout ago and not acknowledged
+        (by id on Shared and Key_Shared subscriptions, else everything unacknowledged, as there)."""
+        while not self._closed:
+            await asyncio.sleep(unacked.tick_ms / 1000.0)
+            for sub, entries in unacked.tick().items():
+                if sub.parent is not self or sub not in self.topic_consumers:
+                    continue
+                log.warning("%d messages of %s not acknowledged within %d ms; redelivering them",
+                            len(entries), sub.topic, unacked.timeout_ms)
+                sub.redeliver([MessageId(sub.partition, ledger, entry) for ledger, entry in entries])
+
+    def handed_out(self, msg: Message) -> None:
+        """``msg`` goes to the application now: start its ack timeout (if there is one). Thread-safe."""
+        if self.unacked is not None:
+            self.unacked.add(msg)
 
     # ------------------------------------------------------ partition discovery
 
@@ -225,7 +248,10 @@ class AsyncConsumer:
     def receive_nowait(self) -> Message | None:
         """A queued message, or ``None`` without waiting."""
         self.check_receive()
-        return self.receive_queue.get_nowait()
+        msg = self.receive_queue.get_nowait()
+        if msg is not None and self.unacked is not None:
+            self.unacked.add(msg)
+        return msg
 
     def check_open(self) -> None:
         """Raise :class:`AlreadyClosed` once the consumer is closed."""
@@ -261,6 +287,7 @@ class AsyncConsumer:
             await self._listener_resumed.wait()  # paused while this one was awaited: hold it until resumed
             if self._closed:
                 return
+            self.handed_out(msg)
             try:
                 result = listener(self, msg)
                 if inspect.isawaitable(result):
@@ -290,6 +317,8 @@ class AsyncConsumer:
         msg = await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
         if self.conf.schema is not None:
             await self.learn_writer_schema(msg)
+        if self.unacked is not None:
+            self.unacked.add(msg)
         return msg
 
     async def batch_receive(self) -> list[Message]:
@@ -299,9 +328,10 @@ class AsyncConsumer:
         p = self.batch_policy
         msgs = await self.receive_queue.get_batch(p.max_num_message, p.max_num_bytes,
                                                   p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None)
-        if self.conf.schema is not None:
-            for m in msgs:
+        for m in msgs:
+            if self.conf.schema is not None:
                 await self.learn_writer_schema(m)
+            self.handed_out(m)
         return msgs
 
     async def learn_writer_schema(self, msg: Message) -> None:
@@ -479,7 +509,7 @@ class AsyncConsumer:
 
     def _stop_tasks(self) -> None:
         current = asyncio.current_task()
-        for task in (self._ticker, self._discoverer, self._listener_task):
+        for task in (self._ticker, self._discoverer, self._listener_task, self._ack_timer):
             if task is not None and task is not current:  # a listener may close its own consumer
                 task.cancel()
 

@@ -52,3 +52,6 @@ class ConsumerConfig:
     schema: Any = None
     #: a :class:`~.batch_receive.ConsumerBatchReceivePolicy` for ``batch_receive()`` (None: the official defaults)
     batch_receive_policy: Any = None
+    #: Ack timeout: messages handed out and not acknowledged within it are redelivered (None or 0: off;
+    #: at least 10000 otherwise, as in the official client)
+    unacked_messages_timeout_ms: int | None = None

@@ -10,13 +10,16 @@ from typing import Protocol
 
 from ..context import ClientContext
 from ..receive_queue import ReceiveQueue
+from .ack_timeout import UnackedTracker
 from .config import ConsumerConfig
 
 
 class ConsumerParent(Protocol):
-    """The consumer's context, settings, shared receive queue and subscription counter."""
+    """The consumer's context, settings, shared receive queue, subscription counter and ack-timeout
+    tracker (None without ``unacked_messages_timeout_ms``)."""
 
     ctx: ClientContext
     conf: ConsumerConfig
     receive_queue: ReceiveQueue
     subscriptions_made: int
+    unacked: UnackedTracker | None
