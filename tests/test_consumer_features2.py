@@ -509,3 +509,51 @@ def test_negative_ack_redelivery_delay(clients: dict[str, Any], topic: str) -> N
         return out
 
     assert _same(_each(topic, scenario)) == [(b"m0", 1, True), None]
+
+
+# ====================================================================== tombstones
+
+
+def test_null_value_messages(clients: dict[str, Any], topic: str) -> None:
+    """``send(None)`` writes a null-value message (a tombstone): ``has_null_value()`` is True, the
+    payload ``b""`` (and an empty payload is not null); batched or not, by ``send`` and
+    ``send_async``; each client reads the other's."""
+
+    def scenario(side: str, t: str) -> Any:
+        c = clients[side]
+        other = clients["txn" if side == "pulsar" else "pulsar"]
+        consumer = c.subscribe(t, "s")
+        for writer in (c, other):
+            for batching in (False, True):
+                p = writer.create_producer(t, batching_enabled=batching)
+                p.send(b"a", partition_key="k")
+                p.send(None, partition_key="k", properties={"x": "1"})
+                p.send(b"", partition_key="k")
+                p.send_async(None, None, partition_key="k2")
+                p.flush()
+                p.close()
+        got = [consumer.receive(5000) for _ in range(16)]
+        consumer.close()
+        return [(m.data(), m.has_null_value(), m.value(), m.partition_key(), m.properties()) for m in got]
+
+    rows = [(b"a", False, b"a", "k", {}), (b"", True, b"", "k", {"x": "1"}), (b"", False, b"", "k", {}),
+            (b"", True, b"", "k2", {})]
+    assert _same(_each(topic, scenario)) == rows * 4
+
+
+def test_null_value_with_a_schema(clients: dict[str, Any], topic: str) -> None:
+    """With a schema, ``send(None)`` is not encoded: the value read is the schema's empty value."""
+
+    def scenario(side: str, t: str) -> Any:
+        c = clients[side]
+        schema = _mod(side).schema.StringSchema()
+        consumer = c.subscribe(t, "s", schema=schema)
+        p = c.create_producer(t, schema=schema)
+        p.send(None)
+        p.send("x")
+        got = [consumer.receive(5000) for _ in range(2)]
+        p.close()
+        consumer.close()
+        return [(m.data(), m.has_null_value(), m.value()) for m in got]
+
+    assert _same(_each(topic, scenario)) == [(b"", True, ""), (b"x", False, "x")]

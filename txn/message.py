@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import total_ordering
 from typing import Any, ClassVar, Protocol
 
-from .protocol import pb
+from .protocol import NullPayload, pb
 
 
 @total_ordering
@@ -237,6 +237,10 @@ class Message:
     def data(self) -> bytes:
         """The payload."""
         return self._data
+
+    def has_null_value(self) -> bool:
+        """True for a null-value message (a tombstone, ``producer.send(None)``); its payload is ``b""``."""
+        return type(self._data) is NullPayload
 
     def value(self) -> Any:
         """The payload decoded by the receiving consumer's ``schema`` (the bytes when it has none)."""

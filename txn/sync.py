@@ -104,7 +104,7 @@ class Producer:
 
     def send(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         ordering_key: str | None = None,
@@ -119,7 +119,8 @@ class Producer:
 
         The message arguments come in the official ``send``'s order (``event_timestamp``, ``txn``,
         ``deliver_at`` and ``deliver_after`` by keyword); bad types raise ``ValueError`` as there.
-        An open batch goes out at once, as the official blocking ``send`` flushes it."""
+        An open batch goes out at once, as the official blocking ``send`` flushes it. ``content=None``
+        sends a null-value message (a tombstone: ``Message.has_null_value()`` is True)."""
         return self._lt.run(
             self._inner.send_now(
                 content,
@@ -136,7 +137,7 @@ class Producer:
 
     def send_async(
         self,
-        content: bytes,
+        content: bytes | None,
         callback: Callable[[Result, MessageId | None], Any] | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,

@@ -17,7 +17,7 @@ from ..errors import (
     SizeLimitExceeded,
 )
 from ..message import MessageId, ReceivedMessage, TxnID, signed64
-from ..protocol import Frame, decompress, pb, split_batch
+from ..protocol import NULL_PAYLOAD, Frame, decompress, pb, split_batch
 from .config import ConsumerConfig
 from .parent import ConsumerParent
 
@@ -174,6 +174,8 @@ class MessageFlow:
             key = meta.partition_key if meta.HasField("partition_key") else None
             okey = meta.ordering_key if meta.HasField("ordering_key") else None
             entry = (mid.ledgerId, mid.entryId, self.partition, 0)
+            if meta.null_value:
+                payload = NULL_PAYLOAD
             single = [
                 ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
                                 producer, meta.sequence_id, self, txn, okey)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..connection import Connection, command
 from ..errors import AlreadyClosed, ConnectError, MessageTooBig, PulsarError
 from ..message import MessageId, TxnID
-from ..protocol import CompressionType, compress, encode_entry, encode_payload_frame, pb
+from ..protocol import NULL_PAYLOAD, CompressionType, compress, encode_entry, encode_payload_frame, pb
 from .config import _NO_TXN, BatchEntry, ProducerConfig, _kv
 
 T = pb.BaseCommand
@@ -151,6 +151,8 @@ class Accumulator:
             if deliver_at is not None:
                 meta.deliver_at_time = deliver_at
                 self._flush_batch()
+            if content is NULL_PAYLOAD:
+                meta.null_value = True
             self._push(seq, seq, meta, content, [fut], False, txn)
             return fut
         smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=seq, properties=_kv(properties))
@@ -160,6 +162,8 @@ class Accumulator:
             smm.ordering_key = ordering_key
         if event_timestamp:
             smm.event_time = event_timestamp
+        if content is NULL_PAYLOAD:
+            smm.null_value = True
         entry = encode_entry(smm, content)
         b = self._batch
         if b is not None and (
@@ -207,6 +211,8 @@ class Accumulator:
                 smm.partition_key = partition_key
             if len(entry) > 3 and entry[3]:
                 smm.event_time = entry[3]  # type: ignore[misc]
+            if content is NULL_PAYLOAD:
+                smm.null_value = True
             parts.append(encode_entry(smm, content))
         payload = b"".join(parts)
         self.check_size(payload)

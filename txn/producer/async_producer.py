@@ -13,6 +13,7 @@ from ..args import check_send, deliver_time
 from ..context import ClientContext
 from ..errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
 from ..message import MessageId, TxnID
+from ..protocol import NULL_PAYLOAD
 from .config import _NO_TXN, BatchEntry, ProducerConfig
 from .partition import PartitionProducer
 from .routing import hash_function
@@ -91,9 +92,13 @@ class AsyncProducer:
         return parts[self._rr % len(parts)]
 
     def check_content(self, content: Any) -> bytes:
-        """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like."""
+        """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like.
+
+        ``None`` (not encoded by a schema) is a null-value message, a tombstone: ``NULL_PAYLOAD``."""
         if self._closed:
             raise AlreadyClosed("producer is closed", topic=self._topic)
+        if content is None:
+            return NULL_PAYLOAD
         if self.conf.schema is not None:
             content = self.conf.schema.encode(content)
         if isinstance(content, str):
@@ -104,7 +109,7 @@ class AsyncProducer:
 
     async def send_async(
         self,
-        content: bytes,
+        content: bytes | None,
         callback: Callable[[Result, MessageId | None], Any] | None = None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
@@ -122,7 +127,8 @@ class AsyncProducer:
         ``ValueError`` before anything is queued. ``deliver_at`` (ms since the epoch) or
         ``deliver_after`` delay its delivery to Shared and Key_Shared subscriptions. Awaits for
         room in the pending window when ``block_if_queue_full`` is set, otherwise raises
-        :class:`ProducerQueueIsFull` when it is full.
+        :class:`ProducerQueueIsFull` when it is full. ``content=None`` is a null-value message
+        (a tombstone), as in the official client.
         """
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         deliver = deliver_time(deliver_at, deliver_after)
@@ -187,7 +193,7 @@ class AsyncProducer:
 
     def send_nowait(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         event_timestamp: int | None = None,
@@ -208,7 +214,7 @@ class AsyncProducer:
 
     async def send(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         ordering_key: str | None = None,
@@ -239,7 +245,7 @@ class AsyncProducer:
 
     async def send_now(
         self,
-        content: bytes,
+        content: bytes | None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         ordering_key: str | None = None,

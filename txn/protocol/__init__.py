@@ -1,7 +1,7 @@
 """Pure protocol layer: frames, commands, checksums, batches and codecs (no I/O)."""
 
 from . import pulsar_wire_pb2 as pb
-from .batch import decode_batch, encode_entry, split_batch
+from .batch import NULL_PAYLOAD, NullPayload, decode_batch, encode_entry, split_batch
 from .checksum import crc32c
 from .compression import CompressionType, compress, decompress
 from .frames import (
@@ -13,9 +13,11 @@ from .frames import (
 )
 
 __all__ = [
+    "NULL_PAYLOAD",
     "CompressionType",
     "Frame",
     "FrameDecoder",
+    "NullPayload",
     "compress",
     "crc32c",
     "decode_batch",

@@ -9,6 +9,16 @@ from google.protobuf.message import DecodeError
 from ..errors import ProtocolError
 from . import pulsar_wire_pb2 as pb
 
+
+class NullPayload(bytes):
+    """The payload of a null-value message (a tombstone): empty, and marked ``null_value`` on the wire."""
+
+    __slots__ = ()
+
+
+#: The one null payload: producers send it for ``content=None``, consumers hand it out for null values.
+NULL_PAYLOAD = NullPayload()
+
 _U32 = struct.Struct(">I")
 
 
@@ -135,19 +145,21 @@ def split_batch(data: bytes, count: int) -> list[BatchItem]:
             else:  # any other field or wire type
                 p = -1
                 break
+        null = False
         if p != end or psize == -1:
-            psize, seq, event_time, key, props, compacted, okey = _slow_smm(data, pos + 4, end, i)
+            psize, seq, event_time, key, props, compacted, okey, null = _slow_smm(data, pos + 4, end, i)
         else:
             props = okey = None
         if psize < 0 or psize > n - end:
             raise ProtocolError(f"batch message {i} payload overruns the batch")
         pos = end + psize
-        append((data[end:pos], seq, event_time, key, props, compacted, okey))
+        append((NULL_PAYLOAD if null else data[end:pos], seq, event_time, key, props, compacted, okey))
     return out
 
 
 def _slow_smm(data: bytes, pos: int, end: int, i: int) -> tuple[int, int | None, int, str | None,
-                                                                 list[tuple[str, str]] | None, bool, bytes | None]:
+                                                                 list[tuple[str, str]] | None, bool, bytes | None,
+                                                                 bool]:
     smm = pb.SingleMessageMetadata()
     try:
         smm.ParseFromString(data[pos:end])
@@ -164,4 +176,5 @@ def _slow_smm(data: bytes, pos: int, end: int, i: int) -> tuple[int, int | None,
         props,
         smm.compacted_out,
         smm.ordering_key if smm.HasField("ordering_key") else None,
+        smm.null_value,
     )
