@@ -77,20 +77,29 @@ def _config(inp, out, ledger):
 
 
 @pytest.mark.timeout(300)
-def test_a_batch_rolled_back_after_its_commit_is_committed_again_once(broker, unique_name):
+@pytest.mark.parametrize("finder", ["owner", "newcomer"])
+def test_a_batch_rolled_back_after_its_commit_is_committed_again_once(broker, unique_name, finder):
+    """``owner``: the instance that owns the input partition finds the record gone and redoes the
+    batch; a second instance finds the redo and does nothing. ``newcomer``: the owner never checks
+    (it died before; here it runs without the audit), and an instance that owns nothing finds the
+    record gone: it takes the partition over and redoes the batch."""
     inp, out, ledger = _names(unique_name)
     official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
 
     async def instance(gone: tuple[int, int, int], inputs: dict, *, first: bool) -> AsyncProcessor:
         async with txn.AsyncClient(broker.service_url) as client:
-            proc = AsyncProcessor(client, _handler, _config(inp, out, ledger))
+            config = _config(inp, out, ledger)
+            config.commit_audit = not (first and finder == "newcomer")
+            proc = AsyncProcessor(client, _handler, config)
             await proc.start()
             runner = asyncio.ensure_future(proc.run())
             try:
                 if first:
                     await _until(lambda: proc.stats.messages == LATER)
-                assert proc.audit is not None and proc.guard is not None
+                if proc.audit is None:
+                    return proc
+                assert proc.guard is not None
                 proc.audit.settle_s = 0.0
                 # What the guard would have read before the broker rolled the batch back:
                 proc.audit.seen(gone, "audit:gone:1", "(9,9)", inputs)
@@ -118,8 +127,12 @@ def test_a_batch_rolled_back_after_its_commit_is_committed_again_once(broker, un
 
     try:
         first, second, records = asyncio.run(main())
-        assert (first.stats.vanished, first.stats.redone) == (1, 1)
-        assert (second.stats.vanished, second.stats.redone) == (0, 0)  # it sees the redo on the ledger
+        if finder == "owner":
+            assert (first.stats.vanished, first.stats.redone) == (1, 1)
+            assert (second.stats.vanished, second.stats.redone) == (0, 0)  # it sees the redo on the ledger
+        else:
+            assert (first.stats.vanished, first.stats.redone) == (0, 0)
+            assert (second.stats.vanished, second.stats.redone, second.stats.takeovers) == (1, 1, 1)
         redone = [r for r in records if r.kind == Kind.COMMITTED and r.batch_id == "audit:gone:1" + REDO_SUFFIX]
         assert len(redone) == 1 and sum(len(v) for v in redone[0].inputs.values()) == LOST
         assert redone[0].outputs == {out: 2 * LOST}
@@ -243,3 +256,86 @@ def test_output_starts_round_trip_and_hostile_values() -> None:
     assert parse_output_starts(["x"]) == {} and parse_output_starts({"t": 5, 7: "(1,2,-1,-1)", "u": "(1,x)"}) == {}
     with pytest.raises(LedgerSchemaError, match="output_starts"):
         LedgerRecord.from_json(rec.to_json().replace(b'"(3,7,1,1)"', b"[1]"))
+
+
+@pytest.mark.timeout(300)
+def test_a_commit_that_never_reached_the_ledger_is_delivered_by_the_instance_that_committed(broker, unique_name):
+    """As in loop 7, run 0: a batch's commit reached neither the ledger topic nor the output
+    topic (both END_TXN_ON_PARTITION failed while a restart unloaded their bundle). The ledger then
+    holds the transaction open: its COMMITTED record, and every record after it, stay unreadable,
+    so after the restart every instance's guard waits and no batch commits any more. (Here the
+    batches' commits leave out both topics until the restart: a later commit from the same
+    coordinator would instead make the broker abort the held transaction there, by its low
+    watermark.) No record shows the commit, but
+    the instance that committed knows it: after a reconnect, beside its batch loop (which waits on
+    the guard), it compares the readable end of each partition its recent commits wrote to with
+    their first messages there, and delivers the commit where it is held."""
+    inp, out, ledger = _names(unique_name)
+    official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    p = official.create_producer(inp, batching_enabled=False)
+    for i in range(LATER):
+        p.send(f"m-{i}".encode())
+    p.close()
+    verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+
+    async def main() -> AsyncProcessor:
+        async with txn.AsyncClient(broker.service_url) as client:
+            proc = AsyncProcessor(client, _handler, _config(inp, out, ledger))
+            await proc.start()
+            assert proc.audit is not None
+            proc.audit.own_settle_s = 0.0
+            opened = 0
+            leaking = True
+            new_transaction = proc.batches.new_transaction
+
+            async def leaky() -> txn.AsyncTransaction:
+                nonlocal opened
+                t = await new_transaction()
+                opened += 1
+                if opened >= 2 and leaking:  # these commits never reach the ledger nor the output
+                    for topic in (ledger, out):
+                        done = asyncio.get_running_loop().create_future()
+                        done.set_result(None)
+                        t._partitions[topic] = done  # noqa: SLF001 - the broken coordinator's view
+                return t
+
+            proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+            runner = asyncio.ensure_future(proc.run())
+            try:
+                await _until(lambda: proc.stats.messages == LATER)
+                leaking = False
+                # A restart: the consumer subscribes again, so the next batch first waits until the
+                # guard has read the ledger past its STARTED record, which the held ledger hides.
+                proc._guard_synced = None  # noqa: SLF001 - what a resubscription leaves
+                await asyncio.to_thread(_publish, official, inp, range(LATER, LATER + MORE))
+                await asyncio.sleep(3.0)
+                assert proc.stats.messages == LATER  # the guard waits on the held ledger
+                proc.audit.expose()  # the reconnect that came with the restart
+                await _until(lambda: proc.stats.messages == LATER + MORE, 90)
+                # The transaction of that batch was opened ahead, while the commits still left the
+                # two topics out: it is held there too, and a reconnect has it delivered as well.
+                proc.audit.expose()
+                await _until(lambda: not proc.audit.pending, 30)
+            finally:
+                proc.stop()
+                await runner
+                await proc.close()
+            return proc
+
+    try:
+        proc = asyncio.run(main())
+        assert proc.stats.unstuck >= 2 and proc.stats.vanished == 0, proc.stats.line("t", 0)
+        got = Counter(m.data() for m in read_until_sentinel(official, verifier, out))
+        assert got == Counter(f"m-{i}.{s}".encode() for i in range(LATER + MORE) for s in "ab")
+    finally:
+        official.close()
+
+
+MORE = 5
+
+
+def _publish(client: pulsar.Client, topic: str, ids: range) -> None:
+    p = client.create_producer(topic, batching_enabled=False)
+    for i in ids:
+        p.send(f"m-{i}".encode())
+    p.close()

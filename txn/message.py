@@ -141,6 +141,10 @@ MessageId.earliest = EARLIEST
 MessageId.latest = LATEST
 
 _U64 = 0xFFFFFFFFFFFFFFFF
+#: A message id as text, ``(ledger,entry,partition,batch index)`` (``str(MessageId)``): groups
+#: ledger, entry and batch index. Ledger records name their inputs this way.
+MESSAGE_ID_PATTERN = re.compile(r"\((\d{1,20}),(\d{1,20}),-?\d{1,10},(-?\d{1,10})\)")
+
 _TXN_RE = re.compile(r"\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)")
 
 

@@ -31,11 +31,12 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptMessage, PulsarError, Timeout
-from ..message import MessageId, TxnID
+from ..message import MESSAGE_ID_PATTERN, MessageId, TxnID
 
 log = logging.getLogger("txn.commit_audit")
 
@@ -66,6 +67,18 @@ class SeenCommit:
     attempts: int = 0  # checks that could not reach it (an open transaction held the reader back)
 
 
+@dataclass(slots=True)
+class OwnCommit:
+    """A batch this instance committed (its coordinator said so): where its transaction's first
+    message is on each partition it wrote to, the ledger's included."""
+
+    at: float  # time.monotonic() of the commit
+    batch_id: str
+    txn_id: str
+    output_starts: dict[str, Position]
+    attempts: int = 0
+
+
 def output_starts(first: dict[str, MessageId] | None) -> dict[str, str]:
     """The ``output_starts`` of a COMMITTED record: each partition's first output id, as text."""
     return {topic: str(mid) for topic, mid in sorted((first or {}).items())}
@@ -73,13 +86,11 @@ def output_starts(first: dict[str, MessageId] | None) -> dict[str, str]:
 
 def parse_output_starts(value: Any, limit: int = 10_000) -> dict[str, Position]:
     """A record's ``output_starts`` as positions; what is not a ``{topic: id}`` object is left out."""
-    from .ledger_guard import ID_PATTERN
-
     if not isinstance(value, dict):
         return {}
     out: dict[str, Position] = {}
     for topic, text in list(value.items())[:limit]:
-        m = ID_PATTERN.fullmatch(text) if isinstance(topic, str) and isinstance(text, str) else None
+        m = MESSAGE_ID_PATTERN.fullmatch(text) if isinstance(topic, str) and isinstance(text, str) else None
         if m is not None:
             out[topic] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
     return out
@@ -91,6 +102,7 @@ class Exposure:
 
     due: float
     records: list[SeenCommit] = field(default_factory=list)
+    own: list[OwnCommit] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -114,6 +126,11 @@ class CommitAudit:
         self.read_timeout_s = read_timeout_s
         self.max_records = max_records
         self.recent: deque[SeenCommit] = deque()
+        self.own: deque[OwnCommit] = deque()
+        #: How long after a reconnect this instance's own commits are checked (no need to wait for
+        #: the coordinator's timeout: their outcome is known). Short, so that an instance killed
+        #: soon after a restart has still done it.
+        self.own_settle_s = 5.0
         #: Commits delivered to a partition that held them open (its readable end moved on).
         self.unstuck = 0
         self.exposures: list[Exposure] = []
@@ -130,6 +147,16 @@ class CommitAudit:
         while self.recent and (now - self.recent[0].at > self.keep_s or len(self.recent) > self.max_records):
             self.recent.popleft()
 
+    def committed_here(self, batch_id: str, txn_id: str, starts: dict[str, MessageId]) -> None:
+        """This instance committed ``batch_id``: ``starts`` holds its transaction's first message on
+        each partition (the ledger's COMMITTED record, the first output on each output partition)."""
+        now = time.monotonic()
+        pos = {topic: position(mid) for topic, mid in starts.items()}
+        if pos:
+            self.own.append(OwnCommit(now, batch_id, txn_id, pos))
+        while self.own and (now - self.own[0].at > self.keep_s or len(self.own) > self.max_records):
+            self.own.popleft()
+
     def expose(self, now: float | None = None, limit: int | None = None) -> int:
         """A reconnect was seen: check the records kept now (the newest ``limit``) once ``settle_s``
         has passed. Returns how many are to be checked."""
@@ -139,12 +166,40 @@ class CommitAudit:
             records = records[-limit:]
         if records:
             self.exposures.append(Exposure(now + self.settle_s, records))
+        own = [c for c in self.own if now - c.at <= self.keep_s]
+        if own:
+            self.exposures.append(Exposure(now + self.own_settle_s, own=own))
         return len(records)
 
     @property
     def pending(self) -> int:
-        """Records waiting for a check."""
-        return sum(len(e.records) for e in self.exposures)
+        """Records (and own commits) waiting for a check."""
+        return sum(len(e.records) + len(e.own) for e in self.exposures)
+
+    def due_own(self, now: float | None = None) -> list[OwnCommit]:
+        """Own commits whose check is due (each once), taken off the waiting list."""
+        now = time.monotonic() if now is None else now
+        seen: dict[str, OwnCommit] = {}
+        for e in self.exposures:
+            if e.due <= now and e.own:
+                for c in e.own:
+                    seen[c.batch_id] = c
+                e.own = []
+        self.exposures = [e for e in self.exposures if e.records or e.own]
+        return list(seen.values())
+
+    def retry_own_later(self, own: list[OwnCommit], delay_s: float, max_attempts: int = 10) -> None:
+        """Check own commits again after ``delay_s`` (at most ``max_attempts`` times each)."""
+        again = []
+        for c in own:
+            c.attempts += 1
+            if c.attempts < max_attempts:
+                again.append(c)
+            else:
+                log.error("commit audit: batch %s (txn %s) was committed, but a partition it wrote to stays held "
+                          "by an open transaction after %d checks", c.batch_id, c.txn_id, c.attempts)
+        if again:
+            self.exposures.append(Exposure(time.monotonic() + delay_s, own=again))
 
     async def readable_end(self, topic: str) -> Position:
         """The last position of ``topic`` a read-committed reader can reach: the broker answers
@@ -161,16 +216,19 @@ class CommitAudit:
             except (PulsarError, TimeoutError):
                 pass
 
-    async def unstick(self, committed: list[SeenCommit], max_rounds: int = 20) -> list[SeenCommit]:
-        """Deliver the commit of transactions the ledger shows committed (``committed``, read again
-        after the settle time) to output partitions that still hold them open. Returns the
-        records of partitions still held by a transaction (check again later): one not among
-        ``committed``, such as a batch in flight or a paused instance's."""
-        by_topic: dict[str, list[tuple[Position, SeenCommit]]] = {}
+    async def unstick(self, committed: Sequence[SeenCommit | OwnCommit],
+                      max_rounds: int = 20) -> tuple[list[SeenCommit | OwnCommit], int]:
+        """Deliver the commit of transactions known to be committed (``committed``: records the
+        ledger still shows after the settle time, or this instance's own commits) to partitions
+        that still hold them open. Returns those on partitions still held by a transaction (check
+        again later): one not among ``committed``, such as a batch in flight or a paused instance's;
+        and how many commits it delivered that freed a partition."""
+        by_topic: dict[str, list[tuple[Position, SeenCommit | OwnCommit]]] = {}
         for r in committed:
             for topic, start in r.output_starts.items():
                 by_topic.setdefault(topic, []).append((start, r))
-        held: list[SeenCommit] = []
+        held: list[SeenCommit | OwnCommit] = []
+        freed = 0
         for topic, starts in sorted(by_topic.items()):
             starts.sort(key=lambda s: s[0])
             end = await self.readable_end(topic)
@@ -185,17 +243,19 @@ class CommitAudit:
                 if rec.txn_id in delivered:
                     held += [r for _, r in waiting]  # held by a transaction not in the records
                     break
-                log.warning("commit audit: %s is readable up to %s only, before batch %s (txn %s, committed); "
-                            "delivering its commit there", topic, end, rec.batch_id, rec.txn_id)
+                log.info("commit audit: %s is readable up to %s only, before batch %s (txn %s, committed); "
+                         "delivering its commit there", topic, end, rec.batch_id, rec.txn_id)
                 await self.commit_on_partition(topic, TxnID.parse(rec.txn_id))
                 delivered.add(rec.txn_id)
                 before, end = end, await self.readable_end(topic)
                 if end[:2] > before[:2]:
                     self.unstuck += 1
+                    freed += 1
                     log.error("commit audit: batch %s (txn %s) was committed, but %s held it open from %s (its "
                               "commit never reached that partition); delivered, readable now up to %s",
                               rec.batch_id, rec.txn_id, topic, start, end)
-        return held
+        unique = {id(r): r for r in held}
+        return list(unique.values()), freed
 
     async def commit_on_partition(self, topic: str, txn: Any) -> None:
         """Deliver the commit of ``txn`` to ``topic``, as its coordinator should have (the
@@ -219,12 +279,13 @@ class CommitAudit:
                                     topic=topic)
 
     def due(self, now: float | None = None) -> list[SeenCommit]:
-        """The records whose check is due (each once, oldest first), taken off the waiting list."""
+        """The records whose check is due (each once, oldest first), taken off the waiting list
+        (call :meth:`due_own` first: own commits due are left waiting here)."""
         now = time.monotonic() if now is None else now
-        ready = [e for e in self.exposures if e.due <= now]
+        ready = [e for e in self.exposures if e.due <= now and e.records]
         if not ready:
             return []
-        self.exposures = [e for e in self.exposures if e.due > now]
+        self.exposures = [e for e in self.exposures if not (e.due <= now and e.records)]
         by_pos = {r.pos: r for e in ready for r in e.records if r.pos not in self.handled}
         return [by_pos[p] for p in sorted(by_pos)]
 

@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -45,7 +44,7 @@ from itertools import groupby
 from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
-from ..message import EARLIEST, Message, MessageId, TxnID
+from ..message import EARLIEST, MESSAGE_ID_PATTERN, Message, MessageId, TxnID
 from .commit_audit import CommitAudit, parse_output_starts
 from .guard_checkpoint import Entry, Rung, choose, load_ladder, thin
 from .ledger import COMMITTING_KINDS as _COMMITTING
@@ -65,7 +64,7 @@ _INDEX = itemgetter(2)
 
 #: ``(ledger,entry,partition,batch_index)`` as ``str(MessageId)`` writes it.
 #: A message id as records write it, ``(ledger,entry,partition,batch index)``.
-ID_PATTERN = _ID = re.compile(r"\((\d{1,20}),(\d{1,20}),-?\d{1,10},(-?\d{1,10})\)")
+ID_PATTERN = _ID = MESSAGE_ID_PATTERN
 
 
 class CommittedInputs:

@@ -49,6 +49,7 @@ class BatchLoop:
     batches: BatchScope
     _redeliver_handed_back: Callable[[], Awaitable[None]]  # CommitPipeline's
     _audit_tick: Callable[[], Awaitable[None]]  # Redo's
+    _audit_watch: Callable[[], Awaitable[None]]  # Redo's
 
     def stop(self) -> None:
         """Ask the run loop to finish the batch in flight and return."""
@@ -66,6 +67,7 @@ class BatchLoop:
         last_wake = time.monotonic()  # the last batch, or the last idle redelivery request
         idle_wake = False  # the hand-back pending is the idle redelivery's (it keeps the idle clock)
         done = 0
+        watch = asyncio.get_running_loop().create_task(self._audit_watch())
         try:
             while not self._stopping.is_set():
                 if self.fatal is not None:
@@ -103,6 +105,8 @@ class BatchLoop:
                 if max_batches is not None and done >= max_batches:
                     break
         finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
             if self._progress is not None:

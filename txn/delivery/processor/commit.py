@@ -392,6 +392,11 @@ class CommitPipeline:
             self.stats.duplicates_skipped += len(msgs) - len(fresh)
             self.stats.outputs += sum(counts.values())
             self.stats.commit_ms_total += commit_ms
+            if self.audit is not None:
+                starts = dict(first_outputs or {})
+                if getattr(record_id, "topic", ""):
+                    starts[record_id.topic] = record_id  # the transaction's first message on the ledger
+                self.audit.committed_here(batch_id, str(t.id), starts)
             if self.on_commit is not None:
                 self.on_commit(batch_id, t.id, len(fresh), counts, commit_ms)
             if self.metrics is not None:

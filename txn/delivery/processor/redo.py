@@ -1,15 +1,20 @@
 """Committing again the batches the broker rolled back after their commit (see ``commit_audit``).
 
-Between batches, the loop calls :meth:`Redo._audit_tick`. It notices reconnects of the
-coordinator and of the producers (a broker restart or a topic move) and tells the audit, which
-keeps the COMMITTED records the guard read just before. Once their check is due, a record no
+Beside the batch loop, :meth:`Redo._audit_watch` notices reconnects of the coordinator and of
+the producers (a broker restart or a topic move) and tells the audit, which keeps the COMMITTED
+records the guard read just before; it also delivers this instance's own recent commits to any
+partition that still holds them open. Between batches, :meth:`Redo._audit_tick` checks the
+records that are due. Once their check is due, a record no
 longer readable is a batch the broker rolled back after its commit: its inputs stay acknowledged,
-so they would never come again. For the input partitions this instance owns, :meth:`Redo._redo`
-reads those inputs again by message id, runs the handler, and commits the outputs with a
-``COMMITTED`` record of batch ``<batch>+redo``, in a new transaction that carries the partitions'
-fence markers and no acknowledgement. Inputs not yet below the subscription's mark-delete
-position are left alone (they may still come again), and a batch another instance already redid
-(its ``+redo`` record is on the ledger) is not redone.
+so they would never come again. :meth:`Redo._redo` takes the batch's input partitions over if
+this instance does not own them (their owner may have died, or started after the record vanished
+and so never read it; the take-over waits until the previous owner's transactions are resolved,
+then the ledger is read again for a redo committed meanwhile), reads those inputs again by
+message id, runs the handler, and commits the outputs with a ``COMMITTED`` record of batch
+``<batch>+redo``, in a new transaction that carries the partitions' fence markers and no
+acknowledgement. Inputs not yet below the subscription's mark-delete position are left alone
+(they may still come again), and a batch another instance already redid (its ``+redo`` record
+is on the ledger) is not redone.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 from ...errors import CorruptMessage, OwnershipLost, PulsarError, Timeout
 from ...message import Message, MessageId
 from ..batch_txn import BatchScope
-from ..commit_audit import REDO_SUFFIX, CommitAudit, SeenCommit, output_starts, position
+from ..commit_audit import REDO_SUFFIX, CommitAudit, OwnCommit, SeenCommit, output_starts, position
 from ..fencing import PartitionFences
 from ..guard_checkpoint import mark_deletes
 from ..ledger import Kind
@@ -55,11 +60,8 @@ class Redo:
         ps = list(self._producers.values()) + ([self._ledger] if self._ledger is not None else [])
         return self.client.transaction_coordinator.reconnects + sum(p.reconnect_count() for p in ps)
 
-    async def _audit_tick(self) -> None:
-        """Tell the audit of reconnects; check and redo what is due."""
-        audit = self.audit
-        if audit is None:
-            return
+    def _notice_reconnects(self, audit: CommitAudit) -> None:
+        """Tell the audit of a start or of reconnects since the last call."""
         links = self._links()
         if self._links_seen is None:
             # A start may follow a broker restart this instance did not see: check what the guard read.
@@ -72,6 +74,33 @@ class Redo:
                 log.info("commit audit: a broker connection came back; %d COMMITTED record(s) from the %.0fs before "
                          "are checked again in %.0fs", n, audit.keep_s, audit.settle_s)
         self._links_seen = links
+
+    async def _audit_watch(self, interval_s: float = 0.5) -> None:
+        """Beside the batch loop (which can wait for minutes on a ledger held by an open
+        transaction): notice reconnects, and deliver this instance's own commits to partitions
+        still holding them open. Runs until cancelled."""
+        audit = self.audit
+        if audit is None:
+            return
+        while True:
+            try:
+                self._notice_reconnects(audit)
+                own = audit.due_own()
+                if own:
+                    await self._unstick(own)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the watch must outlive a surprise; the check comes again
+                log.exception("commit audit: watch failed; going on")
+            await asyncio.sleep(interval_s)
+
+    async def _audit_tick(self) -> None:
+        """Between batches: check the records that are due, and redo what the broker rolled back."""
+        audit = self.audit
+        if audit is None:
+            return
+        if self._links_seen is None:
+            self._notice_reconnects(audit)
         due = audit.due()
         if not due:
             return
@@ -98,37 +127,56 @@ class Redo:
                 audit.handled.discard(rec.pos)
                 audit.retry_later([rec], 10.0)
 
-    async def _unstick(self, committed: list[SeenCommit]) -> None:
-        """Records still on the ledger after the settle time are committed batches: deliver their
-        commit to any output partition still holding it open (``CommitAudit.unstick``), whoever
-        committed them; partitions held by another transaction are checked again later."""
+    async def _unstick(self, committed: list[SeenCommit] | list[OwnCommit]) -> None:
+        """Batches known to be committed (records still on the ledger after the settle time, or
+        this instance's own commits): deliver their commit to any partition still holding it open
+        (``CommitAudit.unstick``), whoever committed them; partitions held by another transaction
+        are checked again later."""
         audit = self.audit
         assert audit is not None
-        before = audit.unstuck
         try:
-            held = await audit.unstick(committed)
+            held, freed = await audit.unstick(committed)
+            self.stats.unstuck += freed
         except (PulsarError, TimeoutError) as exc:
-            log.warning("commit audit: output partitions not checked (%s); checking again in 10s", exc)
-            audit.retry_later(committed, 10.0)
+            log.warning("commit audit: partitions not checked (%s); checking again in 10s", exc)
+            held = list(committed)
+        if not held:
             return
-        finally:
-            self.stats.unstuck += audit.unstuck - before
-        if held:
-            log.info("commit audit: %d committed batch(es) are behind a transaction still open on their output "
-                     "partitions; checking again in 10s", len(held))
-            audit.retry_later(held, 10.0)
+        log.info("commit audit: %d committed batch(es) are behind a transaction still open on a partition they "
+                 "wrote to; checking again in 10s", len(held))
+        records = [r for r in held if isinstance(r, SeenCommit)]
+        if records:
+            audit.retry_later(records, 10.0)
+        own = [c for c in held if isinstance(c, OwnCommit)]
+        if own:
+            audit.retry_own_later(own, 10.0)
 
     async def _redo(self, rec: SeenCommit) -> bool:
         """Commit again the outputs of a rolled-back batch's owned inputs; False to try later."""
         parts = sorted(rec.inputs)
-        if self.fences is not None:
-            missing = self.fences.missing(set(parts))
-            for p in missing:
-                log.warning("commit audit: inputs of %s in batch %s are left to that partition's owner", p,
-                            rec.batch_id)
-            parts = [p for p in parts if p not in missing]
-        if not parts:
-            return True
+        if self.fences is not None and self.fences.missing(set(parts)):
+            # The owner may have died, or started after the record vanished (then it never read it):
+            # take the partitions over. Acquiring waits until every transaction of the previous
+            # owner is resolved, so a redo another instance committed meanwhile is on the ledger now.
+            for p in self.fences.missing(set(parts)):
+                log.warning("commit audit: taking %s over to commit batch %s again", p, rec.batch_id)
+                try:
+                    await self.fences.acquire(p)
+                except PulsarError as exc:
+                    log.warning("commit audit: %s not taken over (%s); trying later", p, exc)
+                    return False
+                self.stats.takeovers += 1
+            assert self.audit is not None
+            try:
+                again = await self.audit.check([rec])
+            except PulsarError as exc:
+                log.warning("commit audit: ledger not readable (%s); trying later", exc)
+                return False
+            if again.unreached:
+                return False
+            if rec.batch_id in again.redone or not again.vanished:
+                log.info("commit audit: batch %s was committed again by another instance", rec.batch_id)
+                return True
         try:
             marks = await mark_deletes(self._consumer)
         except (PulsarError, TimeoutError) as exc:
