@@ -16,6 +16,7 @@ from .client import AsyncClient
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
 from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
+from .consumer.key_shared import ConsumerKeySharedPolicy, KeySharedMode
 from .errors import (
     AlreadyClosed,
     AuthenticationError,
@@ -90,6 +91,7 @@ __all__ = [
     "CorruptMessage",
     "EncryptedMessage",
     "ConsumerDeadLetterPolicy",
+    "ConsumerKeySharedPolicy",
     "HashingScheme",
     "IncompatibleSchema",
     "InitialPosition",
@@ -97,6 +99,7 @@ __all__ = [
     "InvalidTopicName",
     "InvalidTxnStatus",
     "InvalidTxnStatusError",
+    "KeySharedMode",
     "Message",
     "MessageChunk",
     "MessageId",

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 from collections.abc import Callable
 from typing import Any
 
+from . import client_logger
 from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
+from .client_logger import check_logger
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.ack_timeout import check_unacked_messages_timeout
 from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
+from .consumer.key_shared import ConsumerKeySharedPolicy
 from .context import ClientContext
 from .coordinator import CoordinatorClient
-from .errors import AlreadyClosed
+from .errors import AlreadyClosed, InvalidConfiguration
 from .message import Message, MessageId, TxnID
 from .pool import MAX_PARTITIONS, ConnectionPool
 from .producer import AsyncProducer, HashingScheme, ProducerAccessMode, ProducerConfig
@@ -55,6 +59,9 @@ class AsyncClient:
       (default: the broker's ``max_message_size``); a larger one is reported by ``receive()``
       as :class:`~txn.errors.PayloadTooLarge`.
 
+    ``logger``: a ``logging.Logger`` that gets the client's log records (those of the ``txn.*``
+    loggers) at its level, as the official client's ``logger=`` (see :mod:`txn.client_logger`).
+
     ``tls_certificate_file_path`` / ``tls_private_key_file_path``: a client certificate presented
     in TLS handshakes (mutual TLS), whatever ``authentication`` is; with
     :class:`~txn.auth.AuthenticationTLS` its own files are used when these are not given.
@@ -75,8 +82,10 @@ class AsyncClient:
         max_uncompressed_message_size: int | None = None,
         tls_private_key_file_path: str | None = None,
         tls_certificate_file_path: str | None = None,
+        logger: logging.Logger | None = None,
     ) -> None:
         check_type(str, service_url, "service_url")
+        check_logger(logger)
         check_type_or_none(Authentication, authentication, "authentication")
         check_type(NUMBER, operation_timeout_seconds, "operation_timeout_seconds")
         check_type(NUMBER, connection_timeout_ms, "connection_timeout_ms")
@@ -109,6 +118,8 @@ class AsyncClient:
         self._consumers: set[AsyncConsumer] = set()
         self._closed = False
         self._ctx = ClientContext(self._pool, self._ids.__next__, self._register, self._forget)
+        if logger is not None:
+            client_logger.attach(id(self), logger)
 
     def _next_id(self) -> int:
         return next(self._ids)
@@ -239,6 +250,9 @@ class AsyncClient:
         batch_receive_policy: ConsumerBatchReceivePolicy | None = None,
         message_listener: Callable[[AsyncConsumer, Message], Any] | None = None,
         unacked_messages_timeout_ms: int | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        key_shared_policy: ConsumerKeySharedPolicy | None = None,
     ) -> AsyncConsumer:
         """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``).
 
@@ -246,7 +260,13 @@ class AsyncClient:
         10 MiB, 100 ms). ``message_listener(consumer, message)`` is called for each message, one at
         a time, on the event loop (a coroutine it returns is awaited first); ``receive()`` then
         raises :class:`~txn.InvalidConfiguration`. ``unacked_messages_timeout_ms`` (at least 10000,
-        or None/0 for none) redelivers what was handed out and not acknowledged within it."""
+        or None/0 for none) redelivers what was handed out and not acknowledged within it.
+
+        ``receiver_queue_size=0`` (one non-partitioned topic): nothing is prefetched, each
+        ``receive()`` asks the broker for one message and cannot take a timeout. ``is_read_compacted``
+        reads the compacted view (Exclusive or Failover, persistent topics). With
+        ``start_message_id_inclusive``, ``seek(message_id)`` hands out that message too.
+        ``key_shared_policy`` sets a Key_Shared subscription's mode, sticky ranges and ordering."""
         self._check()
         check_type((str, list), topic, "topic")
         check_type(str, subscription_name, "subscription_name")
@@ -263,8 +283,17 @@ class AsyncClient:
         names = [str(parse_topic(t)) for t in topics]
         if not subscription_name or not isinstance(subscription_name, str):
             raise ValueError("subscription_name must be a non-empty string")
-        if receiver_queue_size <= 0:
-            raise ValueError("receiver_queue_size must be positive (the queue is always bounded)")
+        if receiver_queue_size < 0:
+            raise ValueError("receiver_queue_size must not be negative")
+        check_type(bool, is_read_compacted, "is_read_compacted")
+        check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+        check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
+        if is_read_compacted and (
+            any(parse_topic(t).domain != "persistent" for t in names)
+            or ConsumerType(consumer_type) not in (ConsumerType.Exclusive, ConsumerType.Failover)
+        ):
+            raise InvalidConfiguration("is_read_compacted needs persistent topics and an Exclusive or Failover "
+                                       "subscription", topic=names[0])
         if not consumer_name and isinstance(topic, str):
             # As the official client: a consumer of one topic gets a random 10-hex-digit name;
             # one of a list of topics has none ("").
@@ -280,6 +309,10 @@ class AsyncClient:
             ack_grouping_time_ms=ack_grouping_time_ms,
             properties=dict(properties or {}),
             schema=_no_bytes(schema),
+            read_compacted=is_read_compacted,
+            start_message_id_inclusive=start_message_id_inclusive,
+            key_shared_policy=key_shared_policy,
+            multi_topic=not isinstance(topic, str),
         )
         check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
         check_unacked_messages_timeout(unacked_messages_timeout_ms)
@@ -305,16 +338,24 @@ class AsyncClient:
         start_message_id_inclusive: bool = False,
         receiver_queue_size: int = 1000,
         reader_name: str | None = None,
+        *,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
     ) -> AsyncReader:
-        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id)."""
+        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id).
+
+        ``reader_name`` is the consumer's name; the subscription is ``reader-<random>``, after
+        ``<subscription_role_prefix>-`` if given. ``is_read_compacted`` reads the compacted view."""
         self._check()
         check_type(str, topic, "topic")
         check_type(MessageId, start_message_id, "start_message_id")
         check_type(int, receiver_queue_size, "receiver_queue_size")
         check_type_or_none(str, reader_name, "reader_name")
+        check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
+        check_type(bool, is_read_compacted, "is_read_compacted")
         check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
-                                   reader_name)
+                                   reader_name, subscription_role_prefix, is_read_compacted)
 
     async def new_transaction(self, timeout_millis: int = 60000) -> AsyncTransaction:
         """Open a transaction that the broker aborts if not ended within ``timeout_millis``.
@@ -344,6 +385,18 @@ class AsyncClient:
         n = await self._pool.partitions(name)
         return [name] if n == 0 else [f"{name}-partition-{i}" for i in range(n)]
 
+    async def shutdown(self) -> None:
+        """Close everything at once, without waiting for what is in flight (as ``pulsar.Client.shutdown``):
+        connections first, then producers (pending sends fail with :class:`AlreadyClosed`) and consumers."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.close()
+        await asyncio.gather(*(p.close(flush=False) if isinstance(p, AsyncProducer) else p.close()
+                               for p in list(self._producers)),
+                             *(c.close() for c in list(self._consumers)), return_exceptions=True)
+        client_logger.detach(id(self))
+
     async def close(self) -> None:
         """Close producers (flushing them), consumers and connections."""
         if self._closed:
@@ -352,3 +405,4 @@ class AsyncClient:
         await asyncio.gather(*(p.close() for p in list(self._producers)), return_exceptions=True)
         await asyncio.gather(*(c.close() for c in list(self._consumers)), return_exceptions=True)
         self._pool.close()
+        client_logger.detach(id(self))

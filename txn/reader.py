@@ -7,7 +7,7 @@ right after the last message it handed out.
 
 from __future__ import annotations
 
-import uuid
+import secrets
 
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.async_consumer import seek_target
@@ -96,15 +96,24 @@ async def create_reader(
     start_message_id_inclusive: bool = False,
     receiver_queue_size: int = 1000,
     reader_name: str | None = None,
+    subscription_role_prefix: str | None = None,
+    is_read_compacted: bool = False,
 ) -> AsyncReader:
     """Open a reader on ``topic`` (a non-partitioned topic or a single partition).
 
-    ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`)."""
+    As the official client, ``reader_name`` names the consumer, and the (non-durable) subscription
+    is ``reader-<10 random hex digits>``, prefixed by ``<subscription_role_prefix>-`` if one is
+    given. ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`)."""
     name = str(parse_topic(topic))
     if await ctx.pool.partitions(name) > 0:
         raise ValueError(f"{name} is partitioned: open a reader per partition ({name}-partition-N)")
+    subscription = f"reader-{secrets.token_hex(5)}"
+    if subscription_role_prefix:
+        subscription = f"{subscription_role_prefix}-{subscription}"
     conf = ConsumerConfig(
-        subscription_name=reader_name or f"reader-{uuid.uuid4().hex[:10]}",
+        subscription_name=subscription,
+        consumer_name=reader_name or None,
+        read_compacted=is_read_compacted,
         consumer_type=ConsumerType.Exclusive,
         initial_position=InitialPosition.Earliest if start_message_id == EARLIEST else InitialPosition.Latest,
         receiver_queue_size=receiver_queue_size,

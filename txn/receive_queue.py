@@ -49,6 +49,11 @@ class ReceiveQueue:
         self._on_flow = on_flow  # (sub_consumer, n) -> None, called on the loop thread
         self._closed: BaseException | None = None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop that feeds the queue."""
+        return self._loop
+
     def __len__(self) -> int:
         return len(self._dq)
 

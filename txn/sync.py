@@ -121,6 +121,8 @@ class Producer:
         ``deliver_at`` and ``deliver_after`` by keyword); bad types raise ``ValueError`` as there.
         An open batch goes out at once, as the official blocking ``send`` flushes it. ``content=None``
         sends a null-value message (a tombstone: ``Message.has_null_value()`` is True)."""
+        if self._inner.closed:  # also after Client.shutdown(), whose loop has stopped
+            raise AlreadyClosed("producer is closed", topic=self._inner.topic())
         return self._lt.run(
             self._inner.send_now(
                 content,
@@ -154,6 +156,8 @@ class Producer:
         Arguments as in :meth:`send`. Blocks while the pending window is full if
         ``block_if_queue_full`` was set, otherwise raises :class:`ProducerQueueIsFull`.
         """
+        if self._inner.closed:
+            raise AlreadyClosed("producer is closed", topic=self._inner.topic())
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         deliver_time(deliver_at, deliver_after)
         self._inner.check_content(content)
@@ -267,7 +271,11 @@ class Consumer:
         while not inner.closed:
             self._listener_resumed.wait()
             try:
+                if inner.zero_queue:
+                    inner.want_one()
                 msg = queue.get_blocking(0.5)
+                if inner.zero_queue:
+                    inner.got_one()
                 if inner.conf.schema is not None:
                     self._lt.run(inner.learn_writer_schema(msg))
             except Timeout:
@@ -325,8 +333,14 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """Block for the next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
-        self._inner.check_receive()
-        msg = self._inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
+        inner = self._inner
+        inner.check_zero_queue_timeout(timeout_millis)
+        inner.check_receive()
+        if inner.zero_queue:
+            inner.want_one()
+        msg = inner.receive_queue.get_blocking(None if timeout_millis is None else timeout_millis / 1000.0)
+        if inner.zero_queue:
+            inner.got_one()
         if self._inner.conf.schema is not None:
             self._lt.run(self._inner.learn_writer_schema(msg))
         if self._inner.unacked is not None:
@@ -464,6 +478,7 @@ class Client:
         max_uncompressed_message_size: int | None = None,
         tls_private_key_file_path: str | None = None,
         tls_certificate_file_path: str | None = None,
+        logger: logging.Logger | None = None,
     ) -> None:
         self._lt = LoopThread()
         self._closed = False
@@ -483,6 +498,7 @@ class Client:
                 max_uncompressed_message_size=max_uncompressed_message_size,
                 tls_private_key_file_path=tls_private_key_file_path,
                 tls_certificate_file_path=tls_certificate_file_path,
+                logger=logger,
             )
 
         try:
@@ -574,6 +590,16 @@ class Client:
         """Partition names of ``topic``."""
         self._check()
         return self._lt.run(self._inner.get_topic_partitions(topic))
+
+    def shutdown(self) -> None:
+        """Close everything at once without waiting for pending operations (see :meth:`AsyncClient.shutdown`)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lt.run(self._inner.shutdown(), timeout=60)
+        finally:
+            self._lt.close()
 
     def close(self) -> None:
         """Close everything and stop the client's thread."""

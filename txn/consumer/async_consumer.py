@@ -83,15 +83,21 @@ class AsyncConsumer:
         self.unacked = UnackedTracker(conf.unacked_messages_timeout_ms) if conf.unacked_messages_timeout_ms else None
         self._ack_timer: asyncio.Task[None] | None = None
         #: The limits of :meth:`batch_receive` (the count capped at ``receiver_queue_size``, as there).
-        self.batch_policy = (conf.batch_receive_policy or DEFAULT_POLICY).capped(conf.receiver_queue_size)
+        self.batch_policy = (conf.batch_receive_policy or DEFAULT_POLICY).capped(max(conf.receiver_queue_size, 1))
+        #: ``receiver_queue_size=0`` on one topic: no prefetch, each receive asks for one message
+        self.zero_queue = conf.receiver_queue_size == 0 and len(topics) == 1 and not conf.multi_topic
 
     async def start(self) -> None:
         """Subscribe on every topic and partition (the client calls it; raises the broker's error)."""
         counts = await asyncio.gather(*(self.ctx.pool.partitions(t) for t in self._topics))
         total_parts = sum(max(c, 1) for c in counts)
         per = self.conf.receiver_queue_size
+        if self.zero_queue and total_parts > 1:
+            raise InvalidConfiguration("Can't use partitioned topic if the queue size is 0", topic=self._topics[0])
         if total_parts > 1:
             per = max(1, min(per, self.conf.max_total_receiver_queue_size_across_partitions // total_parts))
+        elif not self.zero_queue:
+            per = max(per, 1)  # a list of topics with a queue of 0 prefetches one per topic
         self._per_partition_queue = per
         for t, n in zip(self._topics, counts, strict=True):
             if n > 0:
@@ -264,6 +270,32 @@ class AsyncConsumer:
         if self.message_listener is not None:
             raise InvalidConfiguration("Can not receive when a listener has been set", topic=self._topics[0])
 
+    def want_one(self) -> None:
+        """Zero queue: ask the broker for one message unless one is asked for or queued (any thread)."""
+        loop = self.receive_queue.loop
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._want_one()
+        else:
+            loop.call_soon_threadsafe(self._want_one)
+
+    def _want_one(self) -> None:
+        sub = self.topic_consumers[0]
+        if not self._closed and not sub.zero_requested and not len(self.receive_queue):
+            sub.ask_one()
+
+    def got_one(self) -> None:
+        """Zero queue: the message asked for was taken (any thread)."""
+        self.topic_consumers[0].zero_requested = False
+
+    def check_zero_queue_timeout(self, timeout_millis: object) -> None:
+        """A zero-queue consumer cannot receive with a timeout: :class:`InvalidConfiguration`, as there."""
+        if self.zero_queue and timeout_millis is not None:
+            raise InvalidConfiguration("Can't use receive with a timeout if the queue size is 0", topic=self._topics[0])
+
     # -------------------------------------------------------- message listener
 
     def start_listener(self, listener: Callable[..., Any]) -> None:
@@ -276,7 +308,11 @@ class AsyncConsumer:
         while not self._closed:
             await self._listener_resumed.wait()
             try:
+                if self.zero_queue:
+                    self._want_one()
                 msg = await self.receive_queue.get(None)
+                if self.zero_queue:
+                    self.got_one()
                 if self.conf.schema is not None:
                     await self.learn_writer_schema(msg)
             except AlreadyClosed:
@@ -313,8 +349,13 @@ class AsyncConsumer:
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         check_type_or_none(NUMBER, timeout_millis, "timeout_millis")
+        self.check_zero_queue_timeout(timeout_millis)
         self.check_receive()
+        if self.zero_queue:
+            self._want_one()
         msg = await self.receive_queue.get(None if timeout_millis is None else timeout_millis / 1000.0)
+        if self.zero_queue:
+            self.got_one()
         if self.conf.schema is not None:
             await self.learn_writer_schema(msg)
         if self.unacked is not None:
@@ -478,7 +519,7 @@ class AsyncConsumer:
         target = seek_target(messageid)
         if len(self.topic_consumers) != 1:
             raise ValueError("seek is only supported on a non-partitioned topic or a single partition")
-        await self.topic_consumers[0].seek(target, exclusive=True)
+        await self.topic_consumers[0].seek(target, exclusive=not self.conf.start_message_id_inclusive)
 
     def is_connected(self) -> bool:
         """True when every topic/partition has a live subscription (False once closed)."""

@@ -55,3 +55,11 @@ class ConsumerConfig:
     #: Ack timeout: messages handed out and not acknowledged within it are redelivered (None or 0: off;
     #: at least 10000 otherwise, as in the official client)
     unacked_messages_timeout_ms: int | None = None
+    #: read the topic's compacted view (SUBSCRIBE ``read_compacted``); Exclusive or Failover, persistent topics only
+    read_compacted: bool = False
+    #: after ``seek(message_id)``, hand out the message sought too (the official ``start_message_id_inclusive``)
+    start_message_id_inclusive: bool = False
+    #: a :class:`~.key_shared.ConsumerKeySharedPolicy` (Key_Shared subscriptions; None: auto-split, in order)
+    key_shared_policy: Any = None
+    #: subscribed to a list of topics (``receiver_queue_size=0`` then prefetches one per topic, as there)
+    multi_topic: bool = False

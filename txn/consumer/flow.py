@@ -67,6 +67,10 @@ class MessageFlow:
     consumer_id: int
     payload_limit: int
     seek_skip: MessageId | None
+    seek_inclusive: bool
+    zero_queue: bool
+    zero_requested: bool
+    zero_permits: int
     conf: ConsumerConfig
     _conn: Connection | None
     _epoch: int
@@ -81,9 +85,20 @@ class MessageFlow:
             except ConnectError:
                 pass
 
+    def ask_one(self) -> None:
+        """Zero queue: grant what makes the broker hold exactly one permit (it sends one entry)."""
+        self.zero_requested = True
+        if self.zero_permits < 1:
+            n, self.zero_permits = 1 - self.zero_permits, 1
+            self.send_flow(n)
+
     def _skip(self, n: int) -> None:
         """Return ``n`` permits of messages that are not queued (dropped, or dropped from the queue)."""
         if n <= 0:
+            return
+        if self.zero_queue:
+            if self.zero_requested:  # what was asked for is not coming: ask again
+                self.ask_one()
             return
         granted = self.parent.receive_queue.count(self, n)
         if granted:
@@ -97,6 +112,8 @@ class MessageFlow:
         n = meta.num_messages_in_batch if batched else 1
         ack_set = cmd.ack_set
         charged = _charged_permits(n, ack_set)  # what this entry cost the broker's count for us
+        if self.zero_queue:
+            self.zero_permits -= charged
         if cmd.HasField("consumer_epoch") and cmd.consumer_epoch < self._epoch:
             self._skip(charged)  # sent before a redeliver-all; it comes again
             return
@@ -126,12 +143,15 @@ class MessageFlow:
         if self.seek_skip is not None and msgs:
             msgs = self._after_seek(msgs)
         # Acknowledged indexes were not charged; compacted-away ones were, and come back here.
-        self._skip(charged - len(msgs))
+        if not self.zero_queue:
+            self._skip(charged - len(msgs))
+        elif not msgs and self.zero_requested:
+            self.ask_one()  # nothing of it is handed out: ask for the next entry
         if msgs:
             self.parent.receive_queue.put_many(msgs)
 
     def _after_seek(self, msgs: list[ReceivedMessage]) -> list[ReceivedMessage]:
-        """Drop the messages up to and including the target of an exclusive seek."""
+        """Drop the messages before the target of a seek, and the target too unless the seek is inclusive."""
         target = self.seek_skip
         assert target is not None
         pos = (target.ledger_id(), target.entry_id())
@@ -143,7 +163,8 @@ class MessageFlow:
             return msgs
         if here < pos:
             return []
-        kept = [m for m in msgs if index >= 0 and m.message_id().batch_index() > index]
+        first_kept = index if self.seek_inclusive else index + 1
+        kept = [m for m in msgs if index >= 0 and m.message_id().batch_index() >= first_kept]
         if kept or index < 0 or msgs[-1].message_id().batch_index() >= index:
             self.seek_skip = None
         return kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import deque
 from typing import Any
 
@@ -51,8 +52,13 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.topic = topic
         self.partition = partition
         self.consumer_id = self.ctx.next_id()
-        self.queue_size = max(permits, 1)
-        self.threshold = max(self.queue_size // 2, 1)
+        #: ``receiver_queue_size=0``: no prefetch; each receive asks the broker for one message
+        self.zero_queue = permits == 0
+        self.queue_size = 0 if self.zero_queue else max(permits, 1)
+        # A zero-queue consumer never returns permits as messages are taken: it asks for each one.
+        self.threshold = sys.maxsize if self.zero_queue else max(self.queue_size // 2, 1)
+        self.zero_requested = False  # zero queue: a message was asked for and not taken yet
+        self.zero_permits = 0  # zero queue: the permits the broker holds for us (negative after a batch)
         self.taken = 0  # guarded by the parent's receive-queue lock
         self.session = 0  # likewise; a new one at every (re)subscription
         self._conn: Connection | None = None
@@ -67,7 +73,8 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.end_of_topic = False
         self.active = True
         self.resume_from: MessageId | None = None  # non-durable readers: where a resubscribe starts
-        self.seek_skip: MessageId | None = None  # after an exclusive seek: skip up to this id
+        self.seek_skip: MessageId | None = None  # after a seek: skip up to this id
+        self.seek_inclusive = False  # ... but not the id itself
         self.payload_limit = DEFAULT_MAX_MESSAGE_SIZE  # bound on a decompressed entry; set at subscribe
 
     def __hash__(self) -> int:
@@ -78,6 +85,8 @@ class TopicConsumer(MessageFlow, AckTracker):
     async def start(self) -> None:
         try:
             await self._subscribe()
+            log.info("subscribed to %s (subscription %r, consumer %r)", self.topic, self.conf.subscription_name,
+                     self.conf.consumer_name or "")
         except ClosedWhileSubscribing:
             # The broker closed the consumer as it subscribed (its topic was unloaded, deleted or
             # re-created under it): not an error of the caller's; subscribe again in the background.
@@ -108,11 +117,16 @@ class TopicConsumer(MessageFlow, AckTracker):
         start = self.resume_from or conf.start_message_id
         if not conf.durable and start is not None:
             fields["start_message_id"] = start.to_pb()
+        if conf.read_compacted:
+            fields["read_compacted"] = True
         if conf.consumer_type == ConsumerType.KeyShared:
-            fields["keySharedMeta"] = pb.KeySharedMeta(
-                keySharedMode=pb.KeySharedMeta.AUTO_SPLIT,
-                allowOutOfOrderDelivery=conf.key_shared_allow_out_of_order,
-            )
+            if conf.key_shared_policy is not None:
+                fields["keySharedMeta"] = conf.key_shared_policy.to_pb()
+            else:
+                fields["keySharedMeta"] = pb.KeySharedMeta(
+                    keySharedMode=pb.KeySharedMeta.AUTO_SPLIT,
+                    allowOutOfOrderDelivery=conf.key_shared_allow_out_of_order,
+                )
         conn.consumers[self.consumer_id] = self
         try:
             resp = await conn.request(command(T.SUBSCRIBE, **fields), rid)
@@ -132,7 +146,12 @@ class TopicConsumer(MessageFlow, AckTracker):
         pool = self.ctx.pool
         self.payload_limit = pool.max_uncompressed_message_size or conn.max_message_size
         self.parent.receive_queue.reset(self)
-        conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
+        if self.zero_queue:
+            self.zero_permits = 0
+            if self.zero_requested:  # asked for in the session that ended: ask again
+                self.ask_one()
+        else:
+            conn.send_command(command(T.FLOW, consumer_id=self.consumer_id, messagePermits=self.queue_size))
         self.parent.subscriptions_made += 1
         self.ready.set()
 
@@ -236,7 +255,9 @@ class TopicConsumer(MessageFlow, AckTracker):
             fields["message_id"] = target.to_pb()
             self.resume_from = target
             special = target.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
-            self.seek_skip = target if exclusive and not special else None
+            # Exclusive: skip the target and what precedes it in its batch; inclusive: only what precedes it.
+            self.seek_skip = target if not special and (exclusive or target.batch_index() > 0) else None
+            self.seek_inclusive = not exclusive
         else:
             self.seek_skip = None
             fields["message_publish_time"] = target

@@ -287,12 +287,13 @@ class AsyncProducer:
         """Send open batches and wait for all pending receipts."""
         await asyncio.gather(*(p.flush() for p in self._parts))
 
-    async def close(self) -> None:
-        """Flush, then close. Further sends raise :class:`AlreadyClosed`."""
+    async def close(self, flush: bool = True) -> None:
+        """Flush (unless ``flush`` is False: pending sends then fail), then close. Further sends
+        raise :class:`AlreadyClosed`."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
+        await asyncio.gather(*(p.close(flush) for p in self._parts), return_exceptions=True)
         self._ctx.forget(self)
 
     def reconnect_count(self) -> int:

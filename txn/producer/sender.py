@@ -72,6 +72,7 @@ class Sender:
         """
         pool = self._ctx.pool
         await pool.retrying(f"create producer on {self.topic}", self._create, topic=self.topic)
+        log.info("created producer %s on %s", self.producer_name, self.topic)
         loop = asyncio.get_running_loop()
         self._timeout_task = loop.create_task(self._timeout_loop())
 
@@ -312,13 +313,15 @@ class Sender:
 
     # -------------------------------------------------------------------- close
 
-    async def close(self) -> None:
+    async def close(self, flush: bool = True) -> None:
+        """Close; pending sends fail with :class:`AlreadyClosed` (after a flush unless ``flush`` is False)."""
         if self._closed:
             return
-        try:
-            await asyncio.wait_for(self.flush(), timeout=max(self.conf.send_timeout_millis / 1000.0, 1.0))
-        except TimeoutError:
-            pass
+        if flush:
+            try:
+                await asyncio.wait_for(self.flush(), timeout=max(self.conf.send_timeout_millis / 1000.0, 1.0))
+            except TimeoutError:
+                pass
         self._closed = True
         for t in (self._reconnect_task, self._timeout_task):
             if t is not None:
