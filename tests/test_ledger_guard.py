@@ -92,7 +92,11 @@ async def _process(broker, inp, out, ledger, guard: bool) -> AsyncProcessor:
         return proc
 
 
-@pytest.mark.parametrize("batched,partitions", [(True, 0), (False, 0), (True, 3)])
+@pytest.mark.parametrize("batched,partitions", [
+    pytest.param(True, 0, marks=pytest.mark.slow),  # between the two others: behind --run-slow
+    (False, 0),
+    (True, 3),
+])
 def test_restart_after_lost_acks_commits_nothing_twice(broker, official, unique_name, batched, partitions):
     inp, out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
     if partitions:

@@ -136,6 +136,8 @@ class CommitAudit:
         self.exposures: list[Exposure] = []
         #: Positions already found vanished (each is redone once by this instance).
         self.handled: set[Position] = set()
+        #: Positions of records whose outputs were found gone (their outputs are redone once).
+        self.handled_outputs: set[Position] = set()
         self.checks = 0
         self.vanished_total = 0
 
@@ -229,7 +231,10 @@ class CommitAudit:
                 by_topic.setdefault(topic, []).append((start, r))
         held: list[SeenCommit | OwnCommit] = []
         freed = 0
-        for topic, starts in sorted(by_topic.items()):
+        # The ledger last: while it is held, resubscribed instances wait on their guard and commit
+        # nothing, and a commit reaching an output partition that still holds an earlier
+        # transaction would make the broker abort that one there (its low watermark).
+        for topic, starts in sorted(by_topic.items(), key=lambda kv: (kv[0].startswith(self.ledger_topic), kv[0])):
             starts.sort(key=lambda s: s[0])
             end = await self.readable_end(topic)
             delivered: set[str] = set()
@@ -256,6 +261,65 @@ class CommitAudit:
                               rec.batch_id, rec.txn_id, topic, start, end)
         unique = {id(r): r for r in held}
         return list(unique.values()), freed
+
+    async def vanished_outputs(self, committed: list[SeenCommit], quiet_s: float = 3.0,
+                               timeout_s: float = 60.0) -> list[tuple[SeenCommit, list[str]]]:
+        """Records still on the ledger whose outputs are gone from a partition, with those
+        partitions. A commit the coordinator never delivered to a partition is aborted there by
+        the partition's transaction buffer as soon as a later commit of the same coordinator
+        reaches it (its low watermark has passed the transaction): the outputs vanish while the
+        COMMITTED record and the acknowledgements stay. Each partition is read once, from the
+        first of the records' first outputs up to its readable end; a first output at or before
+        that end that never comes is gone. Positions past the end are held, not gone
+        (:meth:`unstick`); a partition not read to its end within ``timeout_s`` tells nothing."""
+        by_topic: dict[str, list[tuple[Position, SeenCommit]]] = {}
+        for r in committed:
+            for topic, start in r.output_starts.items():
+                by_topic.setdefault(topic, []).append((start, r))
+        gone: dict[int, tuple[SeenCommit, list[str]]] = {}
+        for topic, starts in sorted(by_topic.items()):
+            end = await self.readable_end(topic)
+            wanted = {s for s, _ in starts if s[:2] <= end[:2]}
+            if not wanted:
+                continue
+            first = min(wanted)
+            reader = await self.client.create_reader(topic, MessageId(ledger_id=first[0], entry_id=first[1]),
+                                                     start_message_id_inclusive=True)
+            seen: set[Position] = set()
+            complete = False
+            deadline = time.monotonic() + timeout_s
+            quiet_until = time.monotonic() + quiet_s
+            try:
+                while time.monotonic() < deadline:
+                    try:
+                        m = await reader.read_next(timeout_millis=500)
+                    except Timeout:
+                        if time.monotonic() >= quiet_until:
+                            complete = True  # everything up to the end was dispatched: what is not here is gone
+                            break
+                        continue
+                    except CorruptMessage:
+                        continue
+                    quiet_until = time.monotonic() + quiet_s
+                    pos = position(m.message_id())
+                    if pos in wanted:
+                        seen.add(pos)
+                    if pos[:2] >= end[:2]:
+                        complete = True
+                        break
+            finally:
+                try:
+                    await asyncio.wait_for(reader.close(), 10)
+                except (PulsarError, TimeoutError):
+                    pass
+            if not complete:
+                log.warning("commit audit: %s not read to its end in %.0fs; its outputs are checked again later",
+                            topic, timeout_s)
+                continue
+            for s, r in starts:
+                if s in wanted and s not in seen:
+                    gone.setdefault(id(r), (r, []))[1].append(topic)
+        return list(gone.values())
 
     async def commit_on_partition(self, topic: str, txn: Any) -> None:
         """Deliver the commit of ``txn`` to ``topic``, as its coordinator should have (the

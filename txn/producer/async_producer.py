@@ -300,6 +300,16 @@ class AsyncProducer:
         """How many times partitions re-created themselves on the broker (each may have re-sent frames)."""
         return sum(p.reconnects for p in self._parts)
 
+    def partition_of(self, partition_key: str | None) -> str | None:
+        """The partition a message with ``partition_key`` goes to, or None when that is not fixed
+        (no key, on a topic of several partitions)."""
+        parts = self._parts
+        if len(parts) == 1:
+            return parts[0].topic
+        if partition_key:
+            return parts[self._hash(partition_key) % len(parts)].topic
+        return None
+
     def partition_topics(self) -> list[str]:
         """The topic (partition) names this producer writes to."""
         return [p.topic for p in self._parts]

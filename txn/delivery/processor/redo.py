@@ -39,6 +39,10 @@ log = logging.getLogger("txn.processor")
 
 #: Records a check handles at the start of an instance (it cannot know whether a restart came just before).
 START_CHECK_LIMIT = 10_000
+#: Batches whose outputs a check reads again: those committed in this many seconds before the
+#: reconnect, at most this many.
+OUTPUT_CHECK_WINDOW_S = 20.0
+OUTPUT_CHECK_LIMIT = 200
 
 
 class Redo:
@@ -113,7 +117,10 @@ class Redo:
         if result.unreached:
             audit.retry_later(result.unreached, 10.0)
         gone = {r.pos for r in result.vanished} | {r.pos for r in result.unreached}
-        await self._unstick([r for r in due if r.pos not in gone])
+        present = [r for r in due if r.pos not in gone]
+        await self._unstick(present)
+        await self._check_outputs([r for r in present if r.pos not in audit.handled_outputs
+                                   and r.batch_id not in result.redone and not r.batch_id.endswith(REDO_SUFFIX)])
         for rec in result.vanished:
             audit.handled.add(rec.pos)
             if rec.batch_id in result.redone:
@@ -151,8 +158,36 @@ class Redo:
         if own:
             audit.retry_own_later(own, 10.0)
 
-    async def _redo(self, rec: SeenCommit) -> bool:
-        """Commit again the outputs of a rolled-back batch's owned inputs; False to try later."""
+    async def _check_outputs(self, committed: list[SeenCommit]) -> None:
+        """Committed batches (records still on the ledger) whose outputs the broker aborted on a
+        partition (``CommitAudit.vanished_outputs``): send those outputs again."""
+        audit = self.audit
+        assert audit is not None
+        # A commit goes undelivered while a restart unloads its partitions: only the batches
+        # committed just before the reconnect (the newest, at most OUTPUT_CHECK_LIMIT) are read.
+        recent = time.monotonic() - audit.settle_s - OUTPUT_CHECK_WINDOW_S
+        committed = sorted((r for r in committed if r.at >= recent), key=lambda r: r.pos)[-OUTPUT_CHECK_LIMIT:]
+        if not committed:
+            return
+        try:
+            found = await audit.vanished_outputs(committed)
+        except (PulsarError, TimeoutError) as exc:
+            log.warning("commit audit: outputs not checked (%s); checking again in 10s", exc)
+            audit.retry_later(committed, 10.0)
+            return
+        for rec, topics in found:
+            audit.handled_outputs.add(rec.pos)
+            self.stats.vanished += 1
+            log.error("commit audit: batch %s (txn %s) committed, but its outputs on %s are gone (the broker aborted "
+                      "them there after its coordinator failed to deliver the commit); sending them again",
+                      rec.batch_id, rec.txn_id, ", ".join(sorted(topics)))
+            if not await self._redo(rec, only=set(topics)):
+                audit.handled_outputs.discard(rec.pos)
+                audit.retry_later([rec], 10.0)
+
+    async def _redo(self, rec: SeenCommit, only: set[str] | None = None) -> bool:
+        """Commit again the outputs of a rolled-back batch (only those bound for the partitions in
+        ``only``, if given: the batch's record stayed); False to try later."""
         parts = sorted(rec.inputs)
         if self.fences is not None and self.fences.missing(set(parts)):
             # The owner may have died, or started after the record vanished (then it never read it):
@@ -174,7 +209,7 @@ class Redo:
                 return False
             if again.unreached:
                 return False
-            if rec.batch_id in again.redone or not again.vanished:
+            if rec.batch_id in again.redone or (only is None and not again.vanished):
                 log.info("commit audit: batch %s was committed again by another instance", rec.batch_id)
                 return True
         try:
@@ -201,7 +236,24 @@ class Redo:
             msgs += got
         if not msgs:
             return True
-        return await self._commit_again(rec, sorted(parts), msgs)
+        return await self._commit_again(rec, sorted(parts), msgs, only)
+
+    async def _bound_for(self, outputs: list[tuple[Message, list[Any]]],
+                         partitions: set[str]) -> tuple[list[tuple[Message, list[Any]]], int]:
+        """The outputs that go to ``partitions``, and how many go to a partition not fixed in advance."""
+        kept: list[tuple[Message, list[Any]]] = []
+        unknown = 0
+        for m, outs in outputs:
+            mine = []
+            for o in outs:
+                producer = await self._producer(o.topic or self.config.output)  # type: ignore[attr-defined]
+                dest = producer.partition_of(o.partition_key)
+                if dest is None:
+                    unknown += 1
+                elif dest in partitions:
+                    mine.append(o)
+            kept.append((m, mine))
+        return kept, unknown
 
     async def _read_by_id(self, topic: str, ids: set[tuple[int, int, int]]) -> list[Message]:
         """The messages of ``topic`` with these (ledger, entry, batch index) positions, while stored."""
@@ -232,7 +284,8 @@ class Redo:
                 pass
         return found
 
-    async def _commit_again(self, rec: SeenCommit, parts: list[str], msgs: list[Message]) -> bool:
+    async def _commit_again(self, rec: SeenCommit, parts: list[str], msgs: list[Message],
+                            only: set[str] | None = None) -> bool:
         from .records import _ids
 
         inputs = _ids(msgs)
@@ -242,6 +295,13 @@ class Redo:
             log.error("commit audit: the handler fails on the inputs of batch %s (%s); not committed again",
                       rec.batch_id, failure)
             return True
+        if only is not None:
+            outputs, unknown = await self._bound_for(outputs, only)
+            if unknown:
+                log.error("commit audit: %d output(s) of batch %s have no key and go to a topic of several "
+                          "partitions: which of them went to %s is not known; they are not sent again", unknown,
+                          rec.batch_id, ", ".join(sorted(only)))
+            inputs = {}  # the batch's record, which stayed, names them
         bt = await self.batches.open(rec.batch_id + REDO_SUFFIX)
         bt.started_later(inputs=inputs)
         generation = self._generation()  # type: ignore[attr-defined]
