@@ -17,7 +17,7 @@ from typing import Any
 from . import client_logger
 from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
-from .client_logger import check_logger
+from .client_logger import ConsoleLogger, FileLogger, check_logger
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.ack_timeout import check_unacked_messages_timeout
@@ -29,7 +29,14 @@ from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed, InvalidConfiguration
 from .message import Message, MessageId, TxnID
 from .pool import MAX_PARTITIONS, ConnectionPool
-from .producer import AsyncProducer, HashingScheme, ProducerAccessMode, ProducerConfig
+from .producer import (
+    AsyncProducer,
+    BatchingType,
+    HashingScheme,
+    PartitionsRoutingMode,
+    ProducerAccessMode,
+    ProducerConfig,
+)
 from .protocol import CompressionType
 from .reader import AsyncReader, create_reader
 from .schema import BytesSchema, Schema
@@ -60,7 +67,8 @@ class AsyncClient:
       as :class:`~txn.errors.PayloadTooLarge`.
 
     ``logger``: a ``logging.Logger`` that gets the client's log records (those of the ``txn.*``
-    loggers) at its level, as the official client's ``logger=`` (see :mod:`txn.client_logger`).
+    loggers) at its level, as the official client's ``logger=`` (see :mod:`txn.client_logger`);
+    or a :class:`~txn.ConsoleLogger` (standard output) or :class:`~txn.FileLogger` (a file).
 
     ``tls_certificate_file_path`` / ``tls_private_key_file_path``: a client certificate presented
     in TLS handshakes (mutual TLS), whatever ``authentication`` is; with
@@ -82,7 +90,7 @@ class AsyncClient:
         max_uncompressed_message_size: int | None = None,
         tls_private_key_file_path: str | None = None,
         tls_certificate_file_path: str | None = None,
-        logger: logging.Logger | None = None,
+        logger: logging.Logger | ConsoleLogger | FileLogger | None = None,
     ) -> None:
         check_type(str, service_url, "service_url")
         check_logger(logger)
@@ -119,7 +127,7 @@ class AsyncClient:
         self._closed = False
         self._ctx = ClientContext(self._pool, self._ids.__next__, self._register, self._forget)
         if logger is not None:
-            client_logger.attach(id(self), logger)
+            client_logger.attach(id(self), client_logger.as_logger(logger))
 
     def _next_id(self) -> int:
         return next(self._ids)
@@ -187,15 +195,27 @@ class AsyncClient:
         hashing_scheme: HashingScheme = HashingScheme.BoostHash,
         *,
         schema: Schema | None = None,
+        message_routing_mode: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution,
+        batching_type: BatchingType = BatchingType.Default,
     ) -> AsyncProducer:
         """Create a producer; raises the broker's typed error if it refuses.
 
         Arguments of the wrong type raise ``ValueError``, as in the official client. Keyed
         messages go to partition ``hash(key) % partitions`` by ``hashing_scheme`` (our own
         option; the default is the official Python client's hash, ``JavaStringHash`` is the Java
-        client's: see :mod:`txn.producer.routing`)."""
+        client's: see :mod:`txn.producer.routing`); messages without a key by
+        ``message_routing_mode`` (:class:`~txn.PartitionsRoutingMode`; ``CustomPartition``, the
+        official client's ``message_router``, is not supported and raises ``ValueError``).
+        ``batching_type=BatchingType.KeyBased`` puts one key in each batch."""
         self._check()
         check_type(str, topic, "topic")
+        check_type(int, message_routing_mode, "message_routing_mode")
+        check_type(int, batching_type, "batching_type")
+        routing_mode = PartitionsRoutingMode(message_routing_mode)
+        if routing_mode == PartitionsRoutingMode.CustomPartition:
+            raise ValueError("message_routing_mode=CustomPartition needs the official client's message_router, "
+                             "which txn does not support; use RoundRobinDistribution or UseSinglePartition, "
+                             "or give messages a partition_key")
         check_type_or_none(str, producer_name, "producer_name")
         check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
         for arg, value in (("send_timeout_millis", send_timeout_millis), ("max_pending_messages", max_pending_messages),
@@ -226,6 +246,8 @@ class AsyncClient:
             access_mode=ProducerAccessMode(access_mode),
             hashing_scheme=HashingScheme(hashing_scheme),
             schema=_no_bytes(schema),
+            message_routing_mode=routing_mode,
+            batching_type=BatchingType(batching_type),
         )
         p = AsyncProducer(self._ctx, name, conf)
         await p.start()

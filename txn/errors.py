@@ -108,6 +108,161 @@ class PulsarError(Exception):
         return " | ".join(parts)
 
 
+# ------------------------------------------------------- the official client's other classes
+# ``pulsar.exceptions`` has one class per ``Result`` member, each directly under
+# ``PulsarException``. Those ``txn`` had no class for are below; the broker's ``ServerError``
+# codes map to them in :func:`from_server_error` as the C++ client maps them to results.
+
+
+class UnknownError(PulsarError):
+    """An error without a more specific class (the broker's ``UnknownError``)."""
+
+    result = Result.UnknownError
+
+
+class LookupError(PulsarError):  # noqa: A001 - the official client's name
+    """A topic lookup failed (official ``pulsar.LookupError``; it shadows the builtin only when
+    imported by name)."""
+
+    result = Result.LookupError
+
+
+class ReadError(PulsarError):
+    """Reading from the broker's connection failed."""
+
+    result = Result.ReadError
+
+
+class ErrorGettingAuthenticationData(PulsarError):
+    """The authentication plugin could not produce its credentials (e.g. a token provider failed)."""
+
+    result = Result.ErrorGettingAuthenticationData
+
+
+class BrokerMetadataError(PulsarError):
+    """The broker failed on its metadata store (``ServerError.MetadataError``)."""
+
+    result = Result.BrokerMetadataError
+
+
+class BrokerPersistenceError(PulsarError):
+    """The broker failed to persist the operation (``ServerError.PersistenceError``)."""
+
+    result = Result.BrokerPersistenceError
+
+
+class ChecksumError(PulsarError):
+    """A checksum failed: the broker's ``ChecksumError`` for a sent message, or (as
+    :class:`ChecksumMismatch`) a received message whose CRC32C does not match."""
+
+    result = Result.ChecksumError
+
+
+class NotConnected(PulsarError):
+    """The producer or consumer has no connection to its broker at the moment."""
+
+    result = Result.NotConnected
+
+
+class InvalidMessage(PulsarError):
+    """The message is not valid for the operation."""
+
+    result = Result.InvalidMessage
+
+
+class ConsumerNotInitialized(PulsarError):
+    """The consumer is not ready yet."""
+
+    result = Result.ConsumerNotInitialized
+
+
+class ProducerNotInitialized(PulsarError):
+    """The producer is not ready yet."""
+
+    result = Result.ProducerNotInitialized
+
+
+class TooManyLookupRequestException(PulsarError):
+    """The broker throttled us (its ``TooManyRequests``; see :class:`TooManyRequests`)."""
+
+    result = Result.TooManyLookupRequestException
+    retriable = True
+
+
+class InvalidUrl(PulsarError, ValueError):
+    """The service URL is not a ``pulsar://`` or ``pulsar+ssl://`` URL (also a ``ValueError``)."""
+
+    result = Result.InvalidUrl
+
+
+class OperationNotSupported(PulsarError):
+    """The operation is not supported (by the broker, the topic or this client)."""
+
+    result = Result.OperationNotSupported
+
+
+class ProducerBlockedQuotaExceededError(PulsarError):
+    """The topic's backlog quota is exceeded and its policy refuses producers (``producer_request_hold``
+    fails the producer at creation)."""
+
+    result = Result.ProducerBlockedQuotaExceededError
+
+
+class ProducerBlockedQuotaExceededException(PulsarError):
+    """The topic's backlog quota is exceeded and its policy (``producer_exception``) fails sends."""
+
+    result = Result.ProducerBlockedQuotaExceededException
+
+
+class ConsumerNotFound(PulsarError):
+    """The broker does not know the consumer (e.g. it was closed on the broker's side)."""
+
+    result = Result.ConsumerNotFound
+
+
+class UnsupportedVersionError(PulsarError):
+    """The broker does not support the protocol version or feature the request needs."""
+
+    result = Result.UnsupportedVersionError
+
+
+class TopicTerminated(PulsarError):
+    """The topic was terminated (``pulsar-admin topics terminate``): no producer may write to it."""
+
+    result = Result.TopicTerminated
+
+
+class CryptoError(PulsarError):
+    """Encrypting or decrypting a message failed (see :class:`EncryptedMessage`)."""
+
+    result = Result.CryptoError
+
+
+class ConsumerAssignError(PulsarError):
+    """The broker could not assign the consumer (e.g. no hash range left on a Key_Shared subscription)."""
+
+    result = Result.ConsumerAssignError
+
+
+class CumulativeAcknowledgementNotAllowedError(PulsarError, ValueError):
+    """Cumulative acknowledgement on a Shared or Key_Shared subscription (also a ``ValueError``)."""
+
+    result = Result.CumulativeAcknowledgementNotAllowedError
+
+
+class MemoryBufferIsFull(PulsarError):
+    """The client's memory limit for pending messages is reached."""
+
+    result = Result.MemoryBufferIsFull
+
+
+class Interrupted(PulsarError):
+    """The operation was interrupted (the official client raises it when a blocking call is
+    interrupted by a signal)."""
+
+    result = Result.Interrupted
+
+
 class Timeout(PulsarError):
     """An operation did not complete within its time limit."""
 
@@ -161,7 +316,7 @@ class CorruptMessage(PulsarError):
         return text if self.message_id is None else f"{text} | message_id={self.message_id}"
 
 
-class ChecksumMismatch(CorruptMessage):
+class ChecksumMismatch(CorruptMessage, ChecksumError):
     """The payload's CRC32C does not match the one the producer computed."""
 
     reason = "checksum"
@@ -174,7 +329,7 @@ class PayloadTooLarge(CorruptMessage):
     reason = "size"
 
 
-class MessageChunk(CorruptMessage):
+class MessageChunk(CorruptMessage, OperationNotSupported):
     """One chunk of a message that its producer split into chunks (``chunking_enabled``).
 
     ``txn`` does not reassemble chunks: rather than hand a fragment over as if it were the
@@ -186,7 +341,7 @@ class MessageChunk(CorruptMessage):
     result = Result.OperationNotSupported
 
 
-class EncryptedMessage(CorruptMessage):
+class EncryptedMessage(CorruptMessage, CryptoError):
     """A message whose payload is encrypted (its metadata carries encryption keys).
 
     ``txn`` cannot decrypt: rather than hand ciphertext over as the payload, ``receive()`` raises
@@ -272,14 +427,13 @@ class ServiceNotReady(PulsarError):
     retriable = True
 
 
-class TooManyRequests(PulsarError):
-    """The broker throttled us (retriable)."""
-
-    retriable = True
+class TooManyRequests(TooManyLookupRequestException):
+    """The broker throttled us (retriable); the official client's ``TooManyLookupRequestException``."""
 
 
-class BrokerError(PulsarError):
-    """Any other error the broker reported."""
+class BrokerError(UnknownError):
+    """Any other error the broker reported (an :class:`UnknownError`, as the official client
+    reports it; ``result`` is ``Result.BrokerError``)."""
 
     result = Result.BrokerError
 
@@ -350,29 +504,44 @@ ServiceUnitNotReady = ServiceNotReady
 
 
 _BY_SERVER_ERROR: dict[str, type[PulsarError]] = {
+    "UnknownError": BrokerError,
+    "MetadataError": BrokerMetadataError,
+    "PersistenceError": BrokerPersistenceError,
     "AuthenticationError": AuthenticationError,
     "AuthorizationError": AuthorizationError,
     "ConsumerBusy": ConsumerBusy,
     "ServiceNotReady": ServiceNotReady,
+    "ProducerBlockedQuotaExceededError": ProducerBlockedQuotaExceededError,
+    "ProducerBlockedQuotaExceededException": ProducerBlockedQuotaExceededException,
+    "ChecksumError": ChecksumError,
+    "UnsupportedVersionError": UnsupportedVersionError,
     "TopicNotFound": TopicNotFound,
     "SubscriptionNotFound": SubscriptionNotFound,
+    "ConsumerNotFound": ConsumerNotFound,
     "TooManyRequests": TooManyRequests,
+    "TopicTerminatedError": TopicTerminated,
     "ProducerBusy": ProducerBusy,
     "InvalidTopicName": InvalidTopicName,
+    "IncompatibleSchema": IncompatibleSchema,
+    "ConsumerAssignError": ConsumerAssignError,
     "TransactionCoordinatorNotFound": CoordinatorNotFound,
     "InvalidTxnStatus": InvalidTxnStatus,
     "NotAllowedError": NotAllowed,
     "TransactionConflict": TransactionConflict,
     "TransactionNotFound": TransactionNotFound,
     "ProducerFenced": ProducerFenced,
-    "IncompatibleSchema": IncompatibleSchema,
 }
 
 
 def from_server_error(
     server_error: str, message: str, *, topic: str | None = None, txn_id: Any = None
 ) -> PulsarError:
-    """Map a broker ``ServerError`` name to the matching typed exception."""
+    """Map a broker ``ServerError`` name to the matching typed exception.
+
+    Every ``ServerError`` has a class, the one whose ``result`` is the ``Result`` the C++ client
+    maps the code to (``MetadataError`` -> ``BrokerMetadataError``, ``ServiceNotReady`` ->
+    ``ServiceUnitNotReady``, ``TooManyRequests`` -> ``TooManyLookupRequestException``,
+    ``TopicTerminatedError`` -> ``TopicTerminated``, ...); an unknown name is a :class:`BrokerError`."""
     cls = _BY_SERVER_ERROR.get(server_error, BrokerError)
     text = message or server_error
     # The broker reports "transaction not found" for conflicts in some paths and

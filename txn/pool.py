@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from .auth import Authentication
 from .backoff import Backoff
 from .connection import MAX_MESSAGE_SIZE_CEILING, Connection, check_error, command, next_request_id
-from .errors import ConnectError, PulsarError, Timeout, TooManyPartitions, from_server_error
+from .errors import ConnectError, InvalidUrl, PulsarError, Timeout, TooManyPartitions, from_server_error
 from .protocol import pb
 
 log = logging.getLogger("txn.pool")
@@ -33,18 +33,21 @@ class BrokerAddress:
 
 
 def parse_service_url(url: str) -> list[BrokerAddress]:
-    """Parse ``pulsar://h1:6650,h2:6650`` (or ``pulsar+ssl://``) into addresses."""
+    """Parse ``pulsar://h1:6650,h2:6650`` (or ``pulsar+ssl://``) into addresses.
+
+    A URL of another form raises :class:`~txn.errors.InvalidUrl` (a ``ValueError``, as the
+    official client raises)."""
     if not isinstance(url, str):
         raise ValueError(f"service URL must be a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("pulsar", "pulsar+ssl"):
-        raise ValueError(f"invalid service URL {url!r}: expected pulsar://host:port or pulsar+ssl://host:port")
+        raise InvalidUrl(f"invalid service URL {url!r}: expected pulsar://host:port or pulsar+ssl://host:port")
     tls = scheme == "pulsar+ssl"
     out: list[BrokerAddress] = []
     for hostport in rest.rstrip("/").split(","):
         p = urlparse(f"{scheme}://{hostport}")
         if not p.hostname:
-            raise ValueError(f"invalid service URL {url!r}: no host in {hostport!r}")
+            raise InvalidUrl(f"invalid service URL {url!r}: no host in {hostport!r}")
         port = p.port or (6651 if tls else 6650)
         out.append(BrokerAddress(f"{scheme}://{p.hostname}:{port}", p.hostname, port, tls))
     return out

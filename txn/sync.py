@@ -20,6 +20,7 @@ from .args import NUMBER, check_send, check_type_or_none, deliver_time
 from .auth import Authentication
 from .bridge import LoopThread
 from .client import AsyncClient
+from .client_logger import ConsoleLogger, FileLogger
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
 from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result, Timeout
@@ -478,7 +479,7 @@ class Client:
         max_uncompressed_message_size: int | None = None,
         tls_private_key_file_path: str | None = None,
         tls_certificate_file_path: str | None = None,
-        logger: logging.Logger | None = None,
+        logger: logging.Logger | ConsoleLogger | FileLogger | None = None,
     ) -> None:
         self._lt = LoopThread()
         self._closed = False

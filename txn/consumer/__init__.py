@@ -16,7 +16,7 @@ Every name is re-exported here, so ``from txn.consumer import ...`` works as bef
 
 from .acks import TXN_ACK_CHUNK, AckTracker, _ack_set_words, _split_by_entry, _txn_ack_ids
 from .async_consumer import AsyncConsumer
-from .config import ConsumerConfig, ConsumerType, InitialPosition
+from .config import ConsumerConfig, ConsumerType, InitialPosition, RegexSubscriptionMode
 from .flow import MessageFlow, T, _is_acked, log
 from .parent import ConsumerParent
 from .topic_consumer import TopicConsumer
@@ -29,6 +29,7 @@ __all__ = [
     "ConsumerParent",
     "ConsumerType",
     "InitialPosition",
+    "RegexSubscriptionMode",
     "MessageFlow",
     "T",
     "TopicConsumer",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..args import NUMBER, check_type_or_none
 from ..backoff import Backoff
 from ..context import ClientContext
-from ..errors import AlreadyClosed, InvalidConfiguration, PulsarError
+from ..errors import AlreadyClosed, CumulativeAcknowledgementNotAllowedError, InvalidConfiguration, PulsarError
 from ..message import Message, MessageId, ReceivedMessage
 from ..receive_queue import ReceiveQueue
 from .ack_timeout import UnackedTracker
@@ -406,7 +406,8 @@ class AsyncConsumer:
         """Non-transactional ack, queued and grouped; thread-safe."""
         self.check_open()
         if cumulative and self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
-            raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
+            raise CumulativeAcknowledgementNotAllowedError(
+                "cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions", topic=self.topic())
         if type(message_or_id) is ReceivedMessage:
             sub = message_or_id.consumer
             if sub is not None and sub.parent is self:
@@ -437,7 +438,8 @@ class AsyncConsumer:
             self.acknowledge_nowait(message_or_id, cumulative=True)
             return
         if self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
-            raise ValueError("cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions")
+            raise CumulativeAcknowledgementNotAllowedError(
+                "cumulative acknowledgement is not allowed on Shared or Key_Shared subscriptions", topic=self.topic())
         sub, mid = self._sub_for(message_or_id)
         await self._txn_ack(sub, [mid], txn, True)
 

@@ -25,6 +25,17 @@ class InitialPosition(IntEnum):
     Earliest = 1
 
 
+class RegexSubscriptionMode(IntEnum):
+    """Which topics a regex subscription covers (names and values as ``pulsar.RegexSubscriptionMode``).
+
+    Only the enum: ``txn`` does not subscribe by pattern yet (``subscribe`` takes a topic or a
+    list), so no call takes it."""
+
+    PersistentOnly = 0
+    NonPersistentOnly = 1
+    AllTopics = 2
+
+
 @dataclass(slots=True)
 class ConsumerConfig:
     """Consumer settings; names follow ``pulsar.Client.subscribe``."""

@@ -7,7 +7,8 @@ nothing confirmed is lost.
 
 The package, split the way aiokafka splits its producer (one module per concern):
 
-- :mod:`.config`: :class:`ProducerConfig`, :class:`ProducerAccessMode`, :data:`BatchEntry`;
+- :mod:`.config`: :class:`ProducerConfig`, :class:`ProducerAccessMode`, :class:`BatchingType`,
+  :class:`PartitionsRoutingMode`, :data:`BatchEntry`;
 - :mod:`.accumulator`: the pending window (backpressure), batching, compression, framing;
 - :mod:`.sender`: the producer on the broker - create, reconnect and resend, receipts, send
   errors, send timeouts, close;
@@ -20,7 +21,7 @@ Every name is re-exported here, so ``from txn.producer import ...`` works as bef
 
 from .accumulator import Accumulator, _Batch, _Op
 from .async_producer import AsyncProducer, log, run_callback
-from .config import _NO_TXN, BatchEntry, ProducerAccessMode, ProducerConfig, _kv
+from .config import _NO_TXN, BatchEntry, BatchingType, PartitionsRoutingMode, ProducerAccessMode, ProducerConfig, _kv
 from .partition import PartitionProducer
 from .routing import HashingScheme, boost_hash, java_string_hash, murmur3_32_hash
 from .sender import Sender, T
@@ -30,8 +31,10 @@ __all__ = [
     "Accumulator",
     "AsyncProducer",
     "BatchEntry",
+    "BatchingType",
     "HashingScheme",
     "PartitionProducer",
+    "PartitionsRoutingMode",
     "ProducerAccessMode",
     "ProducerConfig",
     "Sender",

@@ -13,7 +13,7 @@ from ..connection import Connection, command
 from ..errors import AlreadyClosed, ConnectError, MessageTooBig, PulsarError
 from ..message import MessageId, TxnID
 from ..protocol import NULL_PAYLOAD, CompressionType, compress, encode_entry, encode_payload_frame, pb
-from .config import _NO_TXN, BatchEntry, ProducerConfig, _kv
+from .config import _NO_TXN, BatchEntry, BatchingType, ProducerConfig, _kv
 
 T = pb.BaseCommand
 
@@ -32,15 +32,16 @@ class _Op:
 
 
 class _Batch:
-    __slots__ = ("entries", "futures", "size", "txn", "first_seq", "last_seq")
+    __slots__ = ("entries", "futures", "size", "txn", "first_seq", "last_seq", "key")
 
-    def __init__(self, txn: TxnID, first_seq: int) -> None:
+    def __init__(self, txn: TxnID, first_seq: int, key: bytes | None = None) -> None:
         self.entries: list[bytes] = []
         self.futures: list[asyncio.Future[MessageId]] = []
         self.size = 0
         self.txn = txn
         self.first_seq = first_seq
         self.last_seq = first_seq
+        self.key = key  # BatchingType.KeyBased: the key of every message in the batch
 
 
 class Accumulator:
@@ -74,6 +75,10 @@ class Accumulator:
 
     def has_space(self) -> bool:
         return self.queued < self.window
+
+    def has_open_batch(self) -> bool:
+        """True while a batch is open (messages queued for it, not yet framed)."""
+        return self._batch is not None
 
     async def wait_space(self) -> None:
         """Wait until the pending window has room (backpressure)."""
@@ -121,7 +126,9 @@ class Accumulator:
 
         The caller checked the window. Raises on a closed producer or an oversize message. A
         message with a delivery time (ms since the epoch) is never batched, as in the official
-        client: the open batch goes first, then the message as an entry of its own.
+        client: the open batch goes first, then the message as an entry of its own. With
+        ``BatchingType.KeyBased`` a message whose key differs from the open batch's closes it, so
+        each batch holds one key.
         """
         self.check_usable()
         self.check_size(content)
@@ -165,16 +172,22 @@ class Accumulator:
         if content is NULL_PAYLOAD:
             smm.null_value = True
         entry = encode_entry(smm, content)
+        key: bytes | None = None
+        if conf.batching_type == BatchingType.KeyBased:
+            # the official key-based container's key: the ordering key, else the partition key
+            key = ordering_key if ordering_key is not None else (
+                None if partition_key is None else partition_key.encode())
         b = self._batch
         if b is not None and (
             b.txn != txn
+            or b.key != key
             or len(b.entries) >= conf.batching_max_messages
             or b.size + len(entry) > conf.batching_max_allowed_size_in_bytes
         ):
             self._flush_batch()
             b = None
         if b is None:
-            b = self._batch = _Batch(txn, seq)
+            b = self._batch = _Batch(txn, seq, key)
             self._batch_timer = loop.call_later(conf.batching_max_publish_delay_ms / 1000.0, self._flush_batch)
         b.entries.append(entry)
         b.futures.append(fut)

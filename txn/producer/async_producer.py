@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import random
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -14,7 +14,7 @@ from ..context import ClientContext
 from ..errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
 from ..message import MessageId, TxnID
 from ..protocol import NULL_PAYLOAD
-from .config import _NO_TXN, BatchEntry, ProducerConfig
+from .config import _NO_TXN, BatchEntry, PartitionsRoutingMode, ProducerConfig
 from .partition import PartitionProducer
 from .routing import hash_function
 
@@ -33,7 +33,9 @@ class AsyncProducer:
         self.conf = conf
         self._parts: list[PartitionProducer] = []
         self._closed = False
-        self._rr = 0
+        self._rr = 0  # the round-robin cursor: the partition of the next (or current batch's) message
+        self._rr_routed = 0  # messages routed to the cursor's partition since it last moved (batching on)
+        self._single = -1  # UseSinglePartition: the partition, chosen in start()
         self._hash = hash_function(conf.hashing_scheme)
 
     async def start(self) -> None:
@@ -47,6 +49,9 @@ class AsyncProducer:
                 PartitionProducer(self._ctx, f"{self._topic}-partition-{i}", i, self.conf, per)
                 for i in range(n)
             ]
+        # As the official client: a random start for the round-robin cursor and the single partition.
+        self._rr = random.randrange(len(self._parts))
+        self._single = random.randrange(len(self._parts))
         try:
             await asyncio.gather(*(p.start() for p in self._parts))
         except BaseException:
@@ -80,16 +85,30 @@ class AsyncProducer:
         return max((p.last_sequence_id_published for p in self._parts), default=-1)
 
     def _route(self, partition_key: str | None) -> PartitionProducer:
+        """The partition producer of a message, as the official client routes: a keyed message
+        by ``hash(key) % partitions``; one without a key by ``message_routing_mode``:
+        ``UseSinglePartition`` to the producer's one partition, ``RoundRobinDistribution`` to
+        partition after partition from a random one; with batching on, to the same partition until its open
+        batch has been sent (full, flushed or its publish delay passed), then to the next."""
         parts = self._parts
         if len(parts) == 1:
             return parts[0]
         if partition_key:
             return parts[self._hash(partition_key) % len(parts)]
-        if self.conf.batching_enabled:
-            slot = int(time.monotonic() * 1000 / max(self.conf.batching_max_publish_delay_ms, 1))
-            return parts[slot % len(parts)]
-        self._rr += 1
-        return parts[self._rr % len(parts)]
+        conf = self.conf
+        if conf.message_routing_mode == PartitionsRoutingMode.UseSinglePartition:
+            return parts[self._single]
+        if not conf.batching_enabled:
+            part = parts[self._rr % len(parts)]
+            self._rr += 1
+            return part
+        part = parts[self._rr % len(parts)]
+        if self._rr_routed and not part.has_open_batch():
+            self._rr += 1
+            self._rr_routed = 0
+            part = parts[self._rr % len(parts)]
+        self._rr_routed += 1
+        return part
 
     def check_content(self, content: Any) -> bytes:
         """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like.

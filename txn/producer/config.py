@@ -1,4 +1,5 @@
-"""Producer settings: :class:`ProducerConfig`, :class:`ProducerAccessMode`, explicit batch entries."""
+"""Producer settings: :class:`ProducerConfig`, :class:`ProducerAccessMode`, :class:`BatchingType`,
+:class:`PartitionsRoutingMode`, explicit batch entries."""
 
 from __future__ import annotations
 
@@ -27,6 +28,31 @@ class ProducerAccessMode(IntEnum):
     ExclusiveWithFencing = 3
 
 
+class BatchingType(IntEnum):
+    """How messages are grouped into batches (names and values as ``pulsar.BatchingType``).
+
+    ``Default``: one open batch per partition. ``KeyBased``: every batch holds messages of one
+    key (the ordering key, else the partition key), so a Key_Shared consumer gets whole entries
+    of its own keys."""
+
+    Default = 0
+    KeyBased = 1
+
+
+class PartitionsRoutingMode(IntEnum):
+    """Where a message without a partition key goes on a partitioned topic (names and values as
+    ``pulsar.PartitionsRoutingMode``; keyed messages always go by the key's hash).
+
+    ``RoundRobinDistribution``: partition after partition, from a random one (with batching on,
+    the partition changes once the open batch has been sent: full, flushed or delayed enough). ``UseSinglePartition``:
+    one partition, chosen at random when the producer is created. ``CustomPartition`` needs the
+    official client's ``message_router``, which ``txn`` does not support."""
+
+    UseSinglePartition = 0
+    RoundRobinDistribution = 1
+    CustomPartition = 2
+
+
 @dataclass(slots=True)
 class ProducerConfig:
     """Producer settings; names follow ``pulsar.Client.create_producer``."""
@@ -45,6 +71,8 @@ class ProducerConfig:
     properties: dict[str, str] = field(default_factory=dict)
     access_mode: ProducerAccessMode = ProducerAccessMode.Shared
     hashing_scheme: HashingScheme = HashingScheme.BoostHash
+    message_routing_mode: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution
+    batching_type: BatchingType = BatchingType.Default
     #: a :class:`txn.schema.Schema`: registered with the broker, and ``send`` encodes values with it
     schema: Any = None
 
