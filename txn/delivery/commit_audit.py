@@ -277,49 +277,56 @@ class CommitAudit:
             for topic, start in r.output_starts.items():
                 by_topic.setdefault(topic, []).append((start, r))
         gone: dict[int, tuple[SeenCommit, list[str]]] = {}
-        for topic, starts in sorted(by_topic.items()):
-            end = await self.readable_end(topic)
-            wanted = {s for s, _ in starts if s[:2] <= end[:2]}
-            if not wanted:
-                continue
-            first = min(wanted)
-            reader = await self.client.create_reader(topic, MessageId(ledger_id=first[0], entry_id=first[1]),
-                                                     start_message_id_inclusive=True)
-            seen: set[Position] = set()
-            complete = False
-            deadline = time.monotonic() + timeout_s
-            quiet_until = time.monotonic() + quiet_s
-            try:
-                while time.monotonic() < deadline:
-                    try:
-                        m = await reader.read_next(timeout_millis=500)
-                    except Timeout:
-                        if time.monotonic() >= quiet_until:
-                            complete = True  # everything up to the end was dispatched: what is not here is gone
-                            break
-                        continue
-                    except CorruptMessage:
-                        continue
-                    quiet_until = time.monotonic() + quiet_s
-                    pos = position(m.message_id())
-                    if pos in wanted:
-                        seen.add(pos)
-                    if pos[:2] >= end[:2]:
-                        complete = True
-                        break
-            finally:
-                try:
-                    await asyncio.wait_for(reader.close(), 10)
-                except (PulsarError, TimeoutError):
-                    pass
-            if not complete:
-                log.warning("commit audit: %s not read to its end in %.0fs; its outputs are checked again later",
-                            topic, timeout_s)
-                continue
+        missing = await asyncio.gather(*(self._missing_on(topic, [s for s, _ in starts], quiet_s, timeout_s)
+                                         for topic, starts in sorted(by_topic.items())))
+        for (topic, starts), lost in zip(sorted(by_topic.items()), missing, strict=True):
             for s, r in starts:
-                if s in wanted and s not in seen:
+                if s in lost:
                     gone.setdefault(id(r), (r, []))[1].append(topic)
         return list(gone.values())
+
+    async def _missing_on(self, topic: str, starts: list[Position], quiet_s: float,
+                          timeout_s: float) -> set[Position]:
+        """Which of ``starts`` (at or before ``topic``'s readable end) a reader never gets."""
+        end = await self.readable_end(topic)
+        wanted = {s for s in starts if s[:2] <= end[:2]}
+        if not wanted:
+            return set()
+        first = min(wanted)
+        reader = await self.client.create_reader(topic, MessageId(ledger_id=first[0], entry_id=first[1]),
+                                                 start_message_id_inclusive=True)
+        seen: set[Position] = set()
+        complete = False
+        deadline = time.monotonic() + timeout_s
+        quiet_until = time.monotonic() + quiet_s
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    m = await reader.read_next(timeout_millis=500)
+                except Timeout:
+                    if time.monotonic() >= quiet_until:
+                        complete = True  # everything up to the end was dispatched: what is not here is gone
+                        break
+                    continue
+                except CorruptMessage:
+                    continue
+                quiet_until = time.monotonic() + quiet_s
+                pos = position(m.message_id())
+                if pos in wanted:
+                    seen.add(pos)
+                if pos[:2] >= end[:2]:
+                    complete = True
+                    break
+        finally:
+            try:
+                await asyncio.wait_for(reader.close(), 10)
+            except (PulsarError, TimeoutError):
+                pass
+        if not complete:
+            log.warning("commit audit: %s not read to its end in %.0fs; its outputs are checked again later",
+                        topic, timeout_s)
+            return set()
+        return wanted - seen
 
     async def commit_on_partition(self, topic: str, txn: Any) -> None:
         """Deliver the commit of ``txn`` to ``topic``, as its coordinator should have (the
