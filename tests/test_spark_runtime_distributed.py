@@ -437,7 +437,8 @@ def _kill_case(broker, official, ns, unique_name, tmp_path, point: str, batched:
 
 @pytest.mark.parametrize(("point", "batched", "partitions"), [
     ("kill_before_runtime_commit", True, 2),
-    ("kill_after_runtime_commit", False, 0),
+    # The kill after the commit: the streaming sink's short test kills there too (default suite).
+    pytest.param("kill_after_runtime_commit", False, 0, marks=pytest.mark.slow),
 ], ids=["before-commit-batched-partitioned", "after-commit-unbatched"])
 def test_driver_sigkill_exactly_once(broker, official, ns, unique_name, tmp_path, point, batched, partitions):  # noqa: ANN001
     _kill_case(broker, official, ns, unique_name, tmp_path, point, batched, partitions)
