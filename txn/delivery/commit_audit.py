@@ -262,71 +262,73 @@ class CommitAudit:
         unique = {id(r): r for r in held}
         return list(unique.values()), freed
 
-    async def vanished_outputs(self, committed: list[SeenCommit], quiet_s: float = 3.0,
-                               timeout_s: float = 60.0) -> list[tuple[SeenCommit, list[str]]]:
+    async def vanished_outputs(self, committed: list[SeenCommit], quiet_s: float = 5.0, timeout_s: float = 60.0,
+                               ) -> tuple[list[tuple[SeenCommit, list[str]]], list[SeenCommit]]:
         """Records still on the ledger whose outputs are gone from a partition, with those
         partitions. A commit the coordinator never delivered to a partition is aborted there by
         the partition's transaction buffer as soon as a later commit of the same coordinator
         reaches it (its low watermark has passed the transaction): the outputs vanish while the
         COMMITTED record and the acknowledgements stay. Each partition is read once, from the
-        first of the records' first outputs up to its readable end; a first output at or before
-        that end that never comes is gone. Positions past the end are held, not gone
-        (:meth:`unstick`); a partition not read to its end within ``timeout_s`` tells nothing."""
+        first of the records' first outputs on; a first output the reader passed without getting
+        it is gone. Also returns the records with a first output the reader did not reach (within
+        ``timeout_s``, or before ``quiet_s`` without a message): to check again. Positions past
+        the readable end are held, not gone (:meth:`unstick`)."""
         by_topic: dict[str, list[tuple[Position, SeenCommit]]] = {}
         for r in committed:
             for topic, start in r.output_starts.items():
                 by_topic.setdefault(topic, []).append((start, r))
         gone: dict[int, tuple[SeenCommit, list[str]]] = {}
-        missing = await asyncio.gather(*(self._missing_on(topic, [s for s, _ in starts], quiet_s, timeout_s)
-                                         for topic, starts in sorted(by_topic.items())))
-        for (topic, starts), lost in zip(sorted(by_topic.items()), missing, strict=True):
+        unknown: dict[int, SeenCommit] = {}
+        found = await asyncio.gather(*(self._missing_on(topic, [s for s, _ in starts], quiet_s, timeout_s)
+                                       for topic, starts in sorted(by_topic.items())))
+        for (topic, starts), (skipped, unreached) in zip(sorted(by_topic.items()), found, strict=True):
             for s, r in starts:
-                if s in lost:
+                if s in skipped:
                     gone.setdefault(id(r), (r, []))[1].append(topic)
-        return list(gone.values())
+                elif s in unreached:
+                    unknown[id(r)] = r
+        return list(gone.values()), [r for k, r in unknown.items() if k not in gone]
 
     async def _missing_on(self, topic: str, starts: list[Position], quiet_s: float,
-                          timeout_s: float) -> set[Position]:
-        """Which of ``starts`` (at or before ``topic``'s readable end) a reader never gets."""
+                          timeout_s: float) -> tuple[set[Position], set[Position]]:
+        """Which of ``starts`` (at or before ``topic``'s readable end) a reader skipped, and which it
+        did not reach. A reader gets a topic's messages in order: a position it has passed without
+        getting it holds nothing readable (its transaction was aborted). A position not passed
+        tells nothing (dispatch can pause for seconds while a restarted broker loads the topic)."""
         end = await self.readable_end(topic)
         wanted = {s for s in starts if s[:2] <= end[:2]}
         if not wanted:
-            return set()
-        first = min(wanted)
+            return set(), set()
+        first, last = min(wanted), max(wanted)
         reader = await self.client.create_reader(topic, MessageId(ledger_id=first[0], entry_id=first[1]),
                                                  start_message_id_inclusive=True)
         seen: set[Position] = set()
-        complete = False
+        passed: Position | None = None
         deadline = time.monotonic() + timeout_s
         quiet_until = time.monotonic() + quiet_s
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and (passed is None or passed <= last):
                 try:
                     m = await reader.read_next(timeout_millis=500)
                 except Timeout:
                     if time.monotonic() >= quiet_until:
-                        complete = True  # everything up to the end was dispatched: what is not here is gone
                         break
                     continue
                 except CorruptMessage:
                     continue
                 quiet_until = time.monotonic() + quiet_s
                 pos = position(m.message_id())
+                passed = pos
                 if pos in wanted:
                     seen.add(pos)
-                if pos[:2] >= end[:2]:
-                    complete = True
-                    break
         finally:
             try:
                 await asyncio.wait_for(reader.close(), 10)
             except (PulsarError, TimeoutError):
                 pass
-        if not complete:
-            log.warning("commit audit: %s not read to its end in %.0fs; its outputs are checked again later",
-                        topic, timeout_s)
-            return set()
-        return wanted - seen
+        skipped = {w for w in wanted if w not in seen and passed is not None and passed > w}
+        unreached = {w for w in wanted if w not in seen and w not in skipped}
+        return skipped, unreached
 
     async def commit_on_partition(self, topic: str, txn: Any) -> None:
         """Deliver the commit of ``txn`` to ``topic``, as its coordinator should have (the

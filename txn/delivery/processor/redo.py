@@ -166,15 +166,20 @@ class Redo:
         # A commit goes undelivered while a restart unloads its partitions: only the batches
         # committed just before the reconnect (the newest, at most OUTPUT_CHECK_LIMIT) are read.
         recent = time.monotonic() - audit.settle_s - OUTPUT_CHECK_WINDOW_S
-        committed = sorted((r for r in committed if r.at >= recent), key=lambda r: r.pos)[-OUTPUT_CHECK_LIMIT:]
+        committed = sorted((r for r in committed if r.at >= recent or r.attempts), key=lambda r: r.pos)
+        committed = committed[-OUTPUT_CHECK_LIMIT:]
         if not committed:
             return
         try:
-            found = await audit.vanished_outputs(committed)
+            found, unreached = await audit.vanished_outputs(committed)
         except (PulsarError, TimeoutError) as exc:
             log.warning("commit audit: outputs not checked (%s); checking again in 10s", exc)
             audit.retry_later(committed, 10.0)
             return
+        if unreached:
+            log.info("commit audit: the outputs of %d committed batch(es) were not reached; checking again in 10s",
+                     len(unreached))
+            audit.retry_later(unreached, 10.0)
         for rec, topics in found:
             audit.handled_outputs.add(rec.pos)
             self.stats.vanished += 1
