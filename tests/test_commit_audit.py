@@ -338,8 +338,9 @@ def test_outputs_the_broker_aborted_after_a_commit_are_sent_again(broker, unique
     failed during a restart), and the next commit of the same coordinator that reached the topic
     carried a low watermark past the batch's transaction: the topic's transaction buffer then
     aborted it there. The COMMITTED record and the acknowledgements stay; the outputs are gone.
-    Built here by keeping the output topic out of one batch's registration while later batches
-    commit normally. After a reconnect, the audit reads the output topic from the batch's first
+    Built here by keeping the output topic out of one batch's registration, then sending the topic
+    the abort that such a later commit makes the broker apply (the later batches' transactions may
+    come from the other coordinator, whose low watermark does not cover this one). After a reconnect, the audit reads the output topic from the batch's first
     output, finds it gone, and sends the batch's outputs again in a ``+redo`` transaction whose
     record names no input (the batch's own record still names them)."""
     inp, out, ledger = _names(unique_name)
@@ -372,6 +373,10 @@ def test_outputs_the_broker_aborted_after_a_commit_are_sent_again(broker, unique
             runner = asyncio.ensure_future(proc.run())
             try:
                 await _until(lambda: proc.stats.messages == LATER)
+                # The broker aborts the held transaction there when a later commit of the same
+                # coordinator arrives with its low watermark; the batches' transactions may come
+                # from either coordinator, so the abort is delivered here as that commit would.
+                await _end_on_partition(client, out, txn.TxnID.parse(leaked[0]), commit=False)
                 await asyncio.sleep(1.0)  # the guard has read every record
                 proc.audit.expose()  # the reconnect that came with the restart
                 await _until(lambda: proc.audit.checks >= 1 and not proc.audit.pending, 90)
@@ -394,6 +399,22 @@ def test_outputs_the_broker_aborted_after_a_commit_are_sent_again(broker, unique
         assert got == Counter(f"m-{i}.{s}".encode() for i in range(LATER) for s in "ab")
     finally:
         official.close()
+
+
+async def _end_on_partition(client: txn.AsyncClient, topic: str, tid: txn.TxnID, *, commit: bool) -> None:
+    """What a coordinator sends a partition to end a transaction there (END_TXN_ON_PARTITION)."""
+    from txn.connection import check_error, command, next_request_id
+    from txn.delivery.commit_audit import NO_WATERMARK
+    from txn.protocol import pulsar_wire_pb2 as pb
+
+    conn = await client._pool.connection_for(topic)  # noqa: SLF001
+    rid = next_request_id()
+    resp = await conn.request(command(pb.BaseCommand.END_TXN_ON_PARTITION, request_id=rid, topic=topic,
+                                      txnid_least_bits=tid.least, txnid_most_bits=tid.most,
+                                      txn_action=pb.COMMIT if commit else pb.ABORT,
+                                      txnid_least_bits_of_low_watermark=NO_WATERMARK), rid)
+    check_error(resp, "end of the transaction", topic=topic)
+    assert not resp.endTxnOnPartitionResponse.HasField("error"), resp
 
 
 MORE = 5
