@@ -310,7 +310,7 @@ def test_a_commit_that_never_reached_the_ledger_is_delivered_by_the_instance_tha
                     await (await ahead).abort()
                 # A restart: the consumer subscribes again, so the next batch first waits until the
                 # guard has read the ledger past its STARTED record, which the held ledger hides.
-                proc._guard_synced = None  # noqa: SLF001 - what a resubscription leaves
+                proc._guard_synced = -1  # noqa: SLF001 - what a resubscription leaves
                 await asyncio.to_thread(_publish, official, inp, range(LATER, LATER + MORE))
                 await asyncio.sleep(3.0)
                 assert proc.stats.messages == LATER  # the guard waits on the held ledger
@@ -340,9 +340,10 @@ def test_outputs_the_broker_aborted_after_a_commit_are_sent_again(broker, unique
     aborted it there. The COMMITTED record and the acknowledgements stay; the outputs are gone.
     Built here by keeping the output topic out of one batch's registration, then sending the topic
     the abort that such a later commit makes the broker apply (the later batches' transactions may
-    come from the other coordinator, whose low watermark does not cover this one). After a reconnect, the audit reads the output topic from the batch's first
-    output, finds it gone, and sends the batch's outputs again in a ``+redo`` transaction whose
-    record names no input (the batch's own record still names them)."""
+    come from the other coordinator, whose low watermark does not cover this one). After a
+    reconnect, the audit reads the output topic from the batch's first output, finds it gone, and
+    sends the batch's outputs again in a ``+redo`` transaction whose record names no input (the
+    batch's own record still names them)."""
     inp, out, ledger = _names(unique_name)
     official = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     _publish(official, inp, range(LATER))

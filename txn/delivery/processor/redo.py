@@ -39,6 +39,8 @@ log = logging.getLogger("txn.processor")
 
 #: Records a check handles at the start of an instance (it cannot know whether a restart came just before).
 START_CHECK_LIMIT = 10_000
+#: The start's check covers what the guard read by its first sync, or by this many seconds (an idle instance).
+START_EXPOSE_S = 15.0
 #: Batches whose outputs a check reads again: those committed in this many seconds before the
 #: reconnect, at most this many.
 OUTPUT_CHECK_WINDOW_S = 20.0
@@ -58,6 +60,9 @@ class Redo:
     _ledger: Any
     _producers: dict[str, Any]
     _links_seen: int | None
+    _guard_synced: int
+    _start_exposed: bool = False
+    _started_at: float = 0.0
 
     def _links(self) -> int:
         """Reconnects seen so far: the coordinator's and every producer's."""
@@ -65,14 +70,20 @@ class Redo:
         return self.client.transaction_coordinator.reconnects + sum(p.reconnect_count() for p in ps)
 
     def _notice_reconnects(self, audit: CommitAudit) -> None:
-        """Tell the audit of a start or of reconnects since the last call."""
+        """Tell the audit of a start (once the guard has caught up) or of reconnects since the last call."""
         links = self._links()
+        now = time.monotonic()
         if self._links_seen is None:
-            # A start may follow a broker restart this instance did not see: check what the guard read.
+            self._started_at = now
+        synced = isinstance(self._guard_synced, int) and self._guard_synced >= 0
+        if not self._start_exposed and (synced or now - self._started_at >= START_EXPOSE_S):
+            # A start may follow a broker restart this instance did not see: check what the guard
+            # read, once it has read the ledger up to now (its first sync), or after a while.
+            self._start_exposed = True
             n = audit.expose(limit=START_CHECK_LIMIT)
             if n:
                 log.info("commit audit: %d recent COMMITTED record(s) to check in %.0fs", n, audit.settle_s)
-        elif links != self._links_seen:
+        elif self._links_seen is not None and links != self._links_seen:
             n = audit.expose()
             if n:
                 log.info("commit audit: a broker connection came back; %d COMMITTED record(s) from the %.0fs before "
