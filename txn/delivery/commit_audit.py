@@ -22,6 +22,14 @@ record names the transaction's first output on every partition (``output_starts`
 instance that read it can find such a partition (:meth:`CommitAudit.unstick`): the broker's last
 readable position there (GetLastMessageId answers with it) stays before a first output of a
 transaction the ledger shows committed. The instance then delivers the commit there itself.
+Each instance also keeps where its own recent commits start on every partition, the ledger's
+included (:meth:`CommitAudit.committed_here`): a commit that missed the ledger is known to
+nobody else.
+
+A commit that missed a partition is aborted there as soon as a later commit of the same
+coordinator reaches it (the buffer ends what lies below the coordinator's low watermark): the
+outputs vanish under a COMMITTED record that stays. :meth:`CommitAudit.vanished_outputs`
+finds them by reading each output partition past the batches' first outputs.
 """
 
 from __future__ import annotations
