@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pulsar
 import pytest
@@ -69,6 +71,28 @@ async def _until(cond, timeout_s: float = 60) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.1)
+
+
+def _leak(proc: AsyncProcessor, topics: tuple[str, ...], when: Callable[[int], bool]) -> SimpleNamespace:
+    """Make the transactions ``proc`` opens (the n-th, 1 first, where ``when(n)``) leave ``topics``
+    out of their registration, so that their coordinator never tells those topics how they end
+    (the broken coordinator's view). Returns ``opened`` (a count) and ``leaked`` (their ids)."""
+    state = SimpleNamespace(opened=0, leaked=[])
+    new_transaction = proc.batches.new_transaction
+
+    async def leaky() -> txn.AsyncTransaction:
+        t = await new_transaction()
+        state.opened += 1
+        if when(state.opened):
+            for topic in topics:
+                done = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                t._partitions[topic] = done  # noqa: SLF001
+            state.leaked.append(str(t.id))
+        return t
+
+    proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+    return state
 
 
 def _config(inp, out, ledger):
@@ -188,20 +212,7 @@ def test_a_commit_that_never_reached_a_partition_is_delivered_there_by_any_insta
         config.commit_audit = False
         proc = AsyncProcessor(client, _handler, config)
         await proc.start()
-        opened = 0
-        new_transaction = proc.batches.new_transaction
-
-        async def leaky() -> txn.AsyncTransaction:
-            nonlocal opened
-            t = await new_transaction()
-            opened += 1
-            if opened >= 2:  # after the first: the output partition is never registered
-                done = asyncio.get_running_loop().create_future()
-                done.set_result(None)
-                t._partitions[out] = done  # noqa: SLF001 - the broken coordinator's view
-            return t
-
-        proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+        leak = _leak(proc, (out,), lambda n: n >= 2)  # after the first: the output partition is left out
         runner = asyncio.ensure_future(proc.run())
         try:
             await _until(lambda: proc.stats.messages == LATER)
@@ -209,7 +220,7 @@ def test_a_commit_that_never_reached_a_partition_is_delivered_there_by_any_insta
             proc.stop()
             await runner
             await proc.close()
-        return proc.stats.batches, opened
+        return proc.stats.batches, leak.opened
 
     async def main() -> AsyncProcessor:
         async with txn.AsyncClient(broker.service_url) as client:
@@ -284,26 +295,12 @@ def test_a_commit_that_never_reached_the_ledger_is_delivered_by_the_instance_tha
             await proc.start()
             assert proc.audit is not None
             proc.audit.own_settle_s = proc.audit.settle_s = 0.0
-            opened = 0
-            leaking = True
-            new_transaction = proc.batches.new_transaction
-
-            async def leaky() -> txn.AsyncTransaction:
-                nonlocal opened
-                t = await new_transaction()
-                opened += 1
-                if opened >= 2 and leaking:  # these commits never reach the ledger nor the output
-                    for topic in (ledger, out):
-                        done = asyncio.get_running_loop().create_future()
-                        done.set_result(None)
-                        t._partitions[topic] = done  # noqa: SLF001 - the broken coordinator's view
-                return t
-
-            proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+            leaking = [True]  # these commits never reach the ledger nor the output
+            _leak(proc, (ledger, out), lambda n: n >= 2 and leaking[0])
             runner = asyncio.ensure_future(proc.run())
             try:
                 await _until(lambda: proc.stats.messages == LATER)
-                leaking = False
+                leaking[0] = False
                 # The transaction opened ahead for the next batch left the two topics out too: drop it.
                 ahead, proc._next_txn = proc._next_txn, None  # noqa: SLF001
                 if ahead is not None:
@@ -356,21 +353,8 @@ def test_outputs_the_broker_aborted_after_a_commit_are_sent_again(broker, unique
             await proc.start()
             assert proc.audit is not None
             proc.audit.settle_s = 0.0
-            opened = 0
-            new_transaction = proc.batches.new_transaction
-
-            async def leaky() -> txn.AsyncTransaction:
-                nonlocal opened
-                t = await new_transaction()
-                opened += 1
-                if opened == 2:  # this commit never reaches the output topic
-                    done = asyncio.get_running_loop().create_future()
-                    done.set_result(None)
-                    t._partitions[out] = done  # noqa: SLF001 - the broken coordinator's view
-                    leaked.append(str(t.id))
-                return t
-
-            proc.batches.new_transaction = leaky  # type: ignore[method-assign]
+            leak = _leak(proc, (out,), lambda n: n == 2)  # this commit never reaches the output topic
+            leak.leaked = leaked
             runner = asyncio.ensure_future(proc.run())
             try:
                 await _until(lambda: proc.stats.messages == LATER)

@@ -87,6 +87,14 @@ class OwnCommit:
     attempts: int = 0
 
 
+async def close_quietly(reader: Any) -> None:
+    """Close a reader of the audit's; a failure or a close that hangs is left to the connection."""
+    try:
+        await asyncio.wait_for(reader.close(), 10)
+    except (PulsarError, TimeoutError):
+        pass
+
+
 def output_starts(first: dict[str, MessageId] | None) -> dict[str, str]:
     """The ``output_starts`` of a COMMITTED record: each partition's first output id, as text."""
     return {topic: str(mid) for topic, mid in sorted((first or {}).items())}
@@ -221,10 +229,7 @@ class CommitAudit:
         try:
             return position(await reader.get_last_message_id())
         finally:
-            try:
-                await asyncio.wait_for(reader.close(), 10)
-            except (PulsarError, TimeoutError):
-                pass
+            await close_quietly(reader)
 
     async def unstick(self, committed: Sequence[SeenCommit | OwnCommit],
                       max_rounds: int = 20) -> tuple[list[SeenCommit | OwnCommit], int]:
@@ -330,10 +335,7 @@ class CommitAudit:
                 if pos in wanted:
                     seen.add(pos)
         finally:
-            try:
-                await asyncio.wait_for(reader.close(), 10)
-            except (PulsarError, TimeoutError):
-                pass
+            await close_quietly(reader)
         skipped = {w for w in wanted if w not in seen and passed is not None and passed > w}
         unreached = {w for w in wanted if w not in seen and w not in skipped}
         return skipped, unreached
@@ -419,10 +421,7 @@ class CommitAudit:
                 if REDO_SUFFIX.encode() in data and m.txn_id() is not None:
                     redone.update(_redone_batch(data))
         finally:
-            try:
-                await asyncio.wait_for(reader.close(), 10)
-            except (PulsarError, TimeoutError):
-                pass
+            await close_quietly(reader)
         if reached is None or reached < last:
             unreached = [r for r in records if reached is None or r.pos > reached]
             checked = [r for r in records if reached is not None and r.pos <= reached]

@@ -27,7 +27,15 @@ from typing import Any
 from ...errors import CorruptMessage, OwnershipLost, PulsarError, Timeout
 from ...message import Message, MessageId
 from ..batch_txn import BatchScope
-from ..commit_audit import REDO_SUFFIX, CommitAudit, OwnCommit, SeenCommit, output_starts, position
+from ..commit_audit import (
+    REDO_SUFFIX,
+    CommitAudit,
+    OwnCommit,
+    SeenCommit,
+    close_quietly,
+    output_starts,
+    position,
+)
 from ..fencing import PartitionFences
 from ..guard_checkpoint import mark_deletes
 from ..ledger import Kind
@@ -294,10 +302,7 @@ class Redo:
                 if (pos[0], pos[1]) > (last[0], last[1]):
                     break
         finally:
-            try:
-                await asyncio.wait_for(reader.close(), 10)
-            except (PulsarError, TimeoutError):
-                pass
+            await close_quietly(reader)
         return found
 
     async def _commit_again(self, rec: SeenCommit, parts: list[str], msgs: list[Message],
