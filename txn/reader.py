@@ -12,7 +12,7 @@ import secrets
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.async_consumer import seek_target
 from .context import ClientContext
-from .message import EARLIEST, LATEST, Message, MessageId
+from .message import EARLIEST, Message, MessageId
 from .topic import parse_topic
 
 
@@ -32,26 +32,19 @@ class AsyncReader:
 
     async def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
-        while True:
-            m = await self._consumer.receive(timeout_millis)
-            mid = m.message_id()
-            if self._last is None and not self._inclusive and self._start not in (EARLIEST, LATEST):
-                if mid.entry_key[:2] == self._start.entry_key[:2] and (
-                    self._start.batch_index() < 0 or mid.batch_index() <= self._start.batch_index()
-                ):
-                    continue  # the start position itself (exclusive) or earlier messages of its batch
-            if self._last is None and self._inclusive and self._start.batch_index() >= 0:
-                if mid.entry_key[:2] == self._start.entry_key[:2] and mid.batch_index() < self._start.batch_index():
-                    continue
-            self._last = mid
-            self._sub.resume_from = mid
-            return m
+        # What precedes the start (or the last message read, after a resubscribe) in its batch entry
+        # never reaches the queue (the consumer drops it as it arrives).
+        m = await self._consumer.receive(timeout_millis)
+        mid = m.message_id()
+        self._last = mid
+        self._sub.resume_from, self._sub.resume_inclusive = mid, False
+        return m
 
     async def seek(self, messageid: MessageId | int) -> None:
         """Reset the reader to a message id or a publish time (int, ms since the epoch)."""
         self._consumer.check_open()
         target = seek_target(messageid)
-        await self._sub.seek(target)
+        await self._sub.seek(target, exclusive=not self._inclusive)
         self._last = None
         self._start = target if isinstance(target, MessageId) else EARLIEST
 
@@ -74,19 +67,29 @@ class AsyncReader:
                 return True
             if (last.ledger_id(), last.entry_id()) == (start.ledger_id(), start.entry_id()):
                 # The start is the last entry: only it (inclusive) or the rest of its batch remains.
-                if self._inclusive:
-                    return True
-                index = start.batch_index()
-                return index >= 0 and (start.batch_size == 0 or index < start.batch_size - 1)
+                return self._inclusive or _more_in_entry(start, last)
             return False
         return (last.ledger_id(), last.entry_id()) > (self._last.ledger_id(), self._last.entry_id()) or (
             (last.ledger_id(), last.entry_id()) == (self._last.ledger_id(), self._last.entry_id())
-            and self._last.batch_size > 0 and self._last.batch_index() < self._last.batch_size - 1
+            and _more_in_entry(self._last, last)
         )
 
     async def close(self) -> None:
         """Close the reader."""
         await self._consumer.close()
+
+
+def _more_in_entry(pos: MessageId, last: MessageId) -> bool:
+    """Whether messages follow ``pos`` in its batch entry, which is the topic's last (``last``, the
+    broker's last message id). The broker names that entry's last batch index; ``pos``'s own batch
+    size only counts when it does not (an id rebuilt from its parts has none, and was taken as
+    "maybe more", which made a read to the end wait for its time-out)."""
+    index = pos.batch_index()
+    if index < 0:
+        return False
+    if last.batch_index() >= 0:
+        return index < last.batch_index()
+    return pos.batch_size == 0 or index < pos.batch_size - 1
 
 
 async def create_reader(
@@ -119,6 +122,7 @@ async def create_reader(
         receiver_queue_size=receiver_queue_size,
         durable=False,
         start_message_id=start_message_id,
+        start_message_id_inclusive=start_message_id_inclusive,
     )
     c = AsyncConsumer(ctx, [name], conf)
     await c.start()

@@ -73,6 +73,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.end_of_topic = False
         self.active = True
         self.resume_from: MessageId | None = None  # non-durable readers: where a resubscribe starts
+        self.resume_inclusive = False  # ... and whether the message there is handed out (after a seek)
         self.seek_skip: MessageId | None = None  # after a seek: skip up to this id
         self.seek_inclusive = False  # ... but not the id itself
         self.payload_limit = DEFAULT_MAX_MESSAGE_SIZE  # bound on a decompressed entry; set at subscribe
@@ -114,9 +115,18 @@ class TopicConsumer(MessageFlow, AckTracker):
             wire_schema = schema_to_pb(conf.schema)
             if wire_schema is not None:
                 fields["schema"] = wire_schema
-        start = self.resume_from or conf.start_message_id
+        if self.resume_from is not None:
+            start, inclusive = self.resume_from, self.resume_inclusive
+        else:
+            start, inclusive = conf.start_message_id, conf.start_message_id_inclusive
         if not conf.durable and start is not None:
             fields["start_message_id"] = start.to_pb()
+            # The broker starts at the start's entry, a batch entry whole: what precedes the start in
+            # it (and the start itself, unless inclusive) is dropped as it arrives, so nothing is
+            # queued that the reader would not hand out.
+            special = start.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
+            if not special and (not inclusive or start.batch_index() > 0):
+                self.seek_skip, self.seek_inclusive = start, inclusive
         if conf.read_compacted:
             fields["read_compacted"] = True
         if conf.consumer_type == ConsumerType.KeyShared:
@@ -253,7 +263,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         fields: dict[str, Any] = {"consumer_id": self.consumer_id, "request_id": rid}
         if isinstance(target, MessageId):
             fields["message_id"] = target.to_pb()
-            self.resume_from = target
+            self.resume_from, self.resume_inclusive = target, not exclusive
             special = target.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
             # Exclusive: skip the target and what precedes it in its batch; inclusive: only what precedes it.
             self.seek_skip = target if not special and (exclusive or target.batch_index() > 0) else None
