@@ -144,3 +144,74 @@ def test_keepalive_keeps_an_idle_connection(broker, topic):
     p.send(b"still-here")
     assert p.async_producer.partition_producers[0].conn is conn
     c.close()
+
+
+def _by_partition(client_mod, service_url: str, topic: str, n: int) -> dict[int, list[bytes]]:
+    c = client_mod.Client(service_url)
+    try:
+        consumer = c.subscribe(topic, f"check-{uuid.uuid4().hex[:6]}",
+                               initial_position=client_mod.InitialPosition.Earliest)
+        got: dict[int, list[bytes]] = {}
+        for _ in range(n):
+            m = consumer.receive(10_000)
+            got.setdefault(m.message_id().partition(), []).append(m.data())
+            consumer.acknowledge(m)
+        consumer.close()
+        return got
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_message_router_places_every_message_as_the_official_client_does(client, broker, unique_name, batching):
+    """``create_producer(..., message_router=f)``: ``f(message, num_partitions)`` chooses the partition
+    of every message, keyed or not (the key's hash is not used). The same router on the official
+    client's producer places the same messages on the same partitions of a second topic."""
+    from txn.admin import create_partitioned_topic
+
+    seen: list[tuple[bytes, str, dict[str, str], int]] = []
+
+    def router(msg, num_partitions: int) -> int:
+        seen.append((msg.value(), msg.partition_key(), msg.properties(), num_partitions))
+        return (10 if msg.value().startswith(b"hello-") else 11) % num_partitions
+
+    payloads = [(b"hello-0", None), (b"world-0", "k1"), (b"hello-1", "k2"), (b"world-1", None)]
+    placed = {}
+    for name, mod in (("ours", txn), ("official", pulsar)):
+        topic = f"persistent://public/default/{unique_name('router-' + name)}"
+        create_partitioned_topic(broker.admin_url, topic, 5)
+        c = client if mod is txn else pulsar.Client(broker.service_url)
+        try:
+            p = c.create_producer(topic, message_router=router, batching_enabled=batching)
+            for data, key in payloads:
+                if key is None:
+                    p.send(data, properties={"n": data.decode()})
+                else:
+                    p.send(data, properties={"n": data.decode()}, partition_key=key)
+            p.close()
+        finally:
+            if mod is pulsar:
+                c.close()
+        placed[name] = _by_partition(pulsar, broker.service_url, topic, len(payloads))
+    assert placed["ours"] == {0: [b"hello-0", b"hello-1"], 1: [b"world-0", b"world-1"]}
+    assert placed["official"] == placed["ours"]
+    ours_seen = seen[:len(payloads)]
+    assert ours_seen == [(d, k or "", {"n": d.decode()}, 5) for d, k in payloads]
+
+
+def test_a_message_router_answer_that_is_no_partition_sends_nothing(client, broker, unique_name):
+    from txn.admin import create_partitioned_topic
+
+    topic = f"persistent://public/default/{unique_name('router-bad')}"
+    create_partitioned_topic(broker.admin_url, topic, 3)
+    with pytest.raises(ValueError, match="callable"):
+        client.create_producer(topic, message_router=3)
+    answers = iter([3, -1, "0", 2])
+    p = client.create_producer(topic, message_router=lambda m, n: next(answers), batching_enabled=False)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="not a partition index"):
+            p.send(b"x")
+    mid = p.send(b"ok")
+    p.close()
+    assert mid.partition() == 2
+    assert _by_partition(pulsar, broker.service_url, topic, 1) == {2: [b"ok"]}

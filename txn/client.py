@@ -197,6 +197,7 @@ class AsyncClient:
         schema: Schema | None = None,
         message_routing_mode: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution,
         batching_type: BatchingType = BatchingType.Default,
+        message_router: Callable[[Message, int], int] | None = None,
     ) -> AsyncProducer:
         """Create a producer; raises the broker's typed error if it refuses.
 
@@ -204,18 +205,21 @@ class AsyncClient:
         messages go to partition ``hash(key) % partitions`` by ``hashing_scheme`` (our own
         option; the default is the official Python client's hash, ``JavaStringHash`` is the Java
         client's: see :mod:`txn.producer.routing`); messages without a key by
-        ``message_routing_mode`` (:class:`~txn.PartitionsRoutingMode`; ``CustomPartition``, the
-        official client's ``message_router``, is not supported and raises ``ValueError``).
+        ``message_routing_mode`` (:class:`~txn.PartitionsRoutingMode`). ``message_router(message,
+        num_partitions)``, as in the official client, chooses the partition of every message, keyed
+        or not (``message_routing_mode=CustomPartition`` needs it).
         ``batching_type=BatchingType.KeyBased`` puts one key in each batch."""
         self._check()
         check_type(str, topic, "topic")
         check_type(int, message_routing_mode, "message_routing_mode")
         check_type(int, batching_type, "batching_type")
         routing_mode = PartitionsRoutingMode(message_routing_mode)
-        if routing_mode == PartitionsRoutingMode.CustomPartition:
-            raise ValueError("message_routing_mode=CustomPartition needs the official client's message_router, "
-                             "which txn does not support; use RoundRobinDistribution or UseSinglePartition, "
-                             "or give messages a partition_key")
+        if message_router is not None and not callable(message_router):
+            raise ValueError("message_router must be callable: message_router(message, num_partitions) -> int")
+        if message_router is not None:
+            routing_mode = PartitionsRoutingMode.CustomPartition
+        elif routing_mode == PartitionsRoutingMode.CustomPartition:
+            raise ValueError("message_routing_mode=CustomPartition needs a message_router(message, num_partitions)")
         check_type_or_none(str, producer_name, "producer_name")
         check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
         for arg, value in (("send_timeout_millis", send_timeout_millis), ("max_pending_messages", max_pending_messages),
@@ -248,6 +252,7 @@ class AsyncClient:
             schema=_no_bytes(schema),
             message_routing_mode=routing_mode,
             batching_type=BatchingType(batching_type),
+            message_router=message_router,
         )
         p = AsyncProducer(self._ctx, name, conf)
         await p.start()

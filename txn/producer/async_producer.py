@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..args import check_send, deliver_time
 from ..context import ClientContext
 from ..errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result
-from ..message import MessageId, TxnID
+from ..message import Message, MessageId, TxnID
 from ..protocol import NULL_PAYLOAD
 from .config import _NO_TXN, BatchEntry, PartitionsRoutingMode, ProducerConfig
 from .partition import PartitionProducer
@@ -84,15 +84,18 @@ class AsyncProducer:
         """Highest sequence id confirmed by the broker."""
         return max((p.last_sequence_id_published for p in self._parts), default=-1)
 
-    def _route(self, partition_key: str | None) -> PartitionProducer:
+    def _route(self, partition_key: str | None, routed: int | None = None) -> PartitionProducer:
         """The partition producer of a message, as the official client routes: a keyed message
         by ``hash(key) % partitions``; one without a key by ``message_routing_mode``:
         ``UseSinglePartition`` to the producer's one partition, ``RoundRobinDistribution`` to
         partition after partition from a random one; with batching on, to the same partition until its open
-        batch has been sent (full, flushed or its publish delay passed), then to the next."""
+        batch has been sent (full, flushed or its publish delay passed), then to the next. ``routed``:
+        the partition the producer's ``message_router`` chose (:meth:`_custom_route`)."""
         parts = self._parts
         if len(parts) == 1:
             return parts[0]
+        if routed is not None:
+            return parts[routed]
         if partition_key:
             return parts[self._hash(partition_key) % len(parts)]
         conf = self.conf
@@ -109,6 +112,24 @@ class AsyncProducer:
             part = parts[self._rr % len(parts)]
         self._rr_routed += 1
         return part
+
+    def _custom_route(self, data: bytes, properties: dict[str, str] | None, partition_key: str | None,
+                      event_timestamp: int | None, ordering_key: str | None) -> int | None:
+        """The partition index the producer's ``message_router`` gives the message (None without a
+        router or with one partition); raises ``ValueError`` before anything is queued if it is not
+        an index of the topic's partitions."""
+        router = self.conf.message_router
+        n = len(self._parts)
+        if router is None or n == 1:
+            return None
+        msg = Message(data, dict(properties or {}), MessageId(), self._topic, partition_key or None, 0,
+                      event_timestamp or 0, 0, self.producer_name(), -1,
+                      ordering_key=None if ordering_key is None else ordering_key.encode())
+        index = router(msg, n)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"message_router returned {index!r}: not a partition index of {self._topic} "
+                             f"(0 to {n - 1}); nothing was sent")
+        return index
 
     def check_content(self, content: Any) -> bytes:
         """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like.
@@ -152,7 +173,8 @@ class AsyncProducer:
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         deliver = deliver_time(deliver_at, deliver_after)
         data = self.check_content(content)
-        part = self._route(partition_key)
+        part = self._route(partition_key, self._custom_route(data, properties, partition_key, event_timestamp,
+                                                             ordering_key))
         part.check_usable()
         tid = await self._admit(part, txn)
         fut = part.enqueue(data, properties, partition_key, event_timestamp, sequence_id, tid,
@@ -202,7 +224,9 @@ class AsyncProducer:
         if not entries:
             raise ValueError("a batch needs at least one message")
         data: list[BatchEntry] = [(self.check_content(e[0]), *e[1:]) for e in entries]  # type: ignore[misc]
-        part = self._route(data[0][2])
+        first = data[0]
+        part = self._route(first[2], self._custom_route(first[0], first[1], first[2],
+                                                        first[3] if len(first) > 3 else None, None))  # type: ignore[misc]
         part.check_usable()
         tid = await self._admit(part, txn)
         futs = part.enqueue_batch(data, first_sequence_id, tid)
@@ -223,7 +247,8 @@ class AsyncProducer:
         """Queue a non-transactional message without awaiting; ``None`` if the window is full."""
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         data = self.check_content(content)
-        part = self._route(partition_key)
+        part = self._route(partition_key, self._custom_route(data, properties, partition_key, event_timestamp,
+                                                             ordering_key))
         if not part.has_space():
             if block:
                 return None
@@ -325,7 +350,7 @@ class AsyncProducer:
         parts = self._parts
         if len(parts) == 1:
             return parts[0].topic
-        if partition_key:
+        if partition_key and self.conf.message_router is None:
             return parts[self._hash(partition_key) % len(parts)].topic
         return None
 

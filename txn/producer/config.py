@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -45,8 +46,8 @@ class PartitionsRoutingMode(IntEnum):
 
     ``RoundRobinDistribution``: partition after partition, from a random one (with batching on,
     the partition changes once the open batch has been sent: full, flushed or delayed enough). ``UseSinglePartition``:
-    one partition, chosen at random when the producer is created. ``CustomPartition`` needs the
-    official client's ``message_router``, which ``txn`` does not support."""
+    one partition, chosen at random when the producer is created. ``CustomPartition``: the
+    producer's ``message_router`` chooses (set by giving one)."""
 
     UseSinglePartition = 0
     RoundRobinDistribution = 1
@@ -75,6 +76,8 @@ class ProducerConfig:
     batching_type: BatchingType = BatchingType.Default
     #: a :class:`txn.schema.Schema`: registered with the broker, and ``send`` encodes values with it
     schema: Any = None
+    #: ``message_router(message, num_partitions) -> partition index``, for every message (keyed or not)
+    message_router: Callable[[Any, int], int] | None = None
 
 
 def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:
