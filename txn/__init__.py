@@ -90,6 +90,7 @@ from .protocol import CompressionType
 from .reader import AsyncReader
 from .schema import BytesSchema
 from .sync import Client, Consumer, Producer, Reader, Transaction
+from .table_view import AsyncTableView, TableView
 from .transaction import AsyncTransaction, TxnState
 from .version import __version__ as __version__
 
@@ -99,6 +100,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "AsyncReader",
+    "AsyncTableView",
     "AsyncTransaction",
     "Authentication",
     "AuthenticationBasic",
@@ -179,6 +181,7 @@ __all__ = [
     "ServiceNotReady",
     "ServiceUnitNotReady",
     "SubscriptionNotFound",
+    "TableView",
     "Timeout",
     "TooManyLookupRequestException",
     "TooManyPartitions",

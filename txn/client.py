@@ -40,6 +40,7 @@ from .producer import (
 from .protocol import CompressionType
 from .reader import AsyncReader, create_reader
 from .schema import BytesSchema, Schema
+from .table_view import AsyncTableView, create_table_view
 from .topic import parse_topic
 from .transaction import AsyncTransaction
 
@@ -383,6 +384,18 @@ class AsyncClient:
         check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
                                    reader_name, subscription_role_prefix, is_read_compacted)
+
+    async def create_table_view(self, topic: str, subscription_name: str | None = None,
+                                schema: Schema = BytesSchema()) -> AsyncTableView:
+        """A table view of ``topic``: its latest value per key, once read to its end (as
+        ``pulsar.Client.create_table_view``; see :mod:`txn.table_view`). ``subscription_name``
+        defaults to ``reader-<random>``; ``schema`` decodes the values and is checked against the
+        topic's (:class:`~txn.IncompatibleSchema`)."""
+        self._check()
+        check_type(str, topic, "topic")
+        check_type_or_none(str, subscription_name, "subscription_name")
+        check_type(Schema, schema, "schema")
+        return await create_table_view(self._ctx, topic, subscription_name, schema)
 
     async def new_transaction(self, timeout_millis: int = 60000) -> AsyncTransaction:
         """Open a transaction that the broker aborts if not ended within ``timeout_millis``.

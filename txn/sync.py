@@ -28,6 +28,8 @@ from .message import Message, MessageId
 from .pool import MAX_PARTITIONS
 from .producer import AsyncProducer, run_callback
 from .protocol import CompressionType
+from .schema import BytesSchema, Schema
+from .table_view import TableView
 from .transaction import AsyncTransaction, TxnState
 
 _log = logging.getLogger("txn.consumer")
@@ -576,6 +578,12 @@ class Client:
             self._lt,
         )
 
+    def create_table_view(self, topic: str, subscription_name: str | None = None,
+                          schema: Schema = BytesSchema()) -> TableView:
+        """A table view of ``topic``, once read to its end (see :meth:`AsyncClient.create_table_view`)."""
+        self._check()
+        return TableView(self._lt.run(self._inner.create_table_view(topic, subscription_name, schema)), self._lt)
+
     def new_transaction(self, timeout_millis: int = 60000) -> Transaction:
         """Open a transaction that the broker aborts if not ended within ``timeout_millis`` (see
         :meth:`AsyncClient.new_transaction`)."""
@@ -613,4 +621,4 @@ class Client:
             self._lt.close()
 
 
-__all__ = ["Client", "Consumer", "Producer", "Reader", "Transaction", "CompressionType"]
+__all__ = ["Client", "Consumer", "Producer", "Reader", "TableView", "Transaction", "CompressionType"]
