@@ -30,6 +30,15 @@ class AsyncReader:
         """The topic read."""
         return self._consumer.topic()
 
+    @property
+    def closed(self) -> bool:
+        """True once closed (by :meth:`close` or by its client)."""
+        return self._consumer.closed
+
+    def is_connected(self) -> bool:
+        """True while the reader's subscription is live (False once closed)."""
+        return self._consumer.is_connected()
+
     async def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""
         # What precedes the start (or the last message read, after a resubscribe) in its batch entry
