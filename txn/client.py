@@ -28,6 +28,7 @@ from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed, InvalidConfiguration
 from .message import Message, MessageId, TxnID
+from .partitioned_reader import AsyncPartitionedReader
 from .pool import MAX_PARTITIONS, ConnectionPool
 from .producer import (
     AsyncProducer,
@@ -369,8 +370,9 @@ class AsyncClient:
         *,
         subscription_role_prefix: str | None = None,
         is_read_compacted: bool = False,
-    ) -> AsyncReader:
-        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id).
+    ) -> AsyncReader | AsyncPartitionedReader:
+        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id); on a
+        partitioned topic, every partition (an :class:`~txn.partitioned_reader.AsyncPartitionedReader`).
 
         ``reader_name`` is the consumer's name; the subscription is ``reader-<random>``, after
         ``<subscription_role_prefix>-`` if given. ``is_read_compacted`` reads the compacted view."""

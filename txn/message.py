@@ -134,6 +134,19 @@ def signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+def more_in_entry(pos: MessageId, last: MessageId) -> bool:
+    """Whether messages follow ``pos`` in its batch entry, which is the topic's last (``last``, the
+    broker's last message id). The broker names that entry's last batch index; ``pos``'s own batch
+    size only counts when it does not (an id rebuilt from its parts has none, and was taken as
+    "maybe more", which made a read to the end wait for its time-out)."""
+    index = pos.batch_index()
+    if index < 0:
+        return False
+    if last.batch_index() >= 0:
+        return index < last.batch_index()
+    return pos.batch_size == 0 or index < pos.batch_size - 1
+
+
 #: The earliest and latest positions, for ``seek`` and readers.
 EARLIEST = MessageId()
 LATEST = MessageId(ledger_id=0x7FFFFFFFFFFFFFFF, entry_id=0x7FFFFFFFFFFFFFFF)

@@ -12,7 +12,9 @@ import secrets
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.async_consumer import seek_target
 from .context import ClientContext
-from .message import EARLIEST, Message, MessageId
+from .message import EARLIEST, LATEST, Message, MessageId
+from .message import more_in_entry as _more_in_entry
+from .partitioned_reader import AsyncPartitionedReader, open_partitioned_reader
 from .topic import parse_topic
 
 
@@ -70,6 +72,11 @@ class AsyncReader:
             return False  # empty topic
         if self._last is None:
             start = self._start
+            if start == LATEST and self._inclusive:
+                # As the official client: latest, inclusive, nothing read yet: hand out the last message.
+                await self._sub.seek(last, exclusive=False)
+                self._start = last
+                return True
             if start == EARLIEST:
                 return True
             if (last.ledger_id(), last.entry_id()) > (start.ledger_id(), start.entry_id()):
@@ -88,19 +95,6 @@ class AsyncReader:
         await self._consumer.close()
 
 
-def _more_in_entry(pos: MessageId, last: MessageId) -> bool:
-    """Whether messages follow ``pos`` in its batch entry, which is the topic's last (``last``, the
-    broker's last message id). The broker names that entry's last batch index; ``pos``'s own batch
-    size only counts when it does not (an id rebuilt from its parts has none, and was taken as
-    "maybe more", which made a read to the end wait for its time-out)."""
-    index = pos.batch_index()
-    if index < 0:
-        return False
-    if last.batch_index() >= 0:
-        return index < last.batch_index()
-    return pos.batch_size == 0 or index < pos.batch_size - 1
-
-
 async def create_reader(
     ctx: ClientContext,
     topic: str,
@@ -110,15 +104,15 @@ async def create_reader(
     reader_name: str | None = None,
     subscription_role_prefix: str | None = None,
     is_read_compacted: bool = False,
-) -> AsyncReader:
-    """Open a reader on ``topic`` (a non-partitioned topic or a single partition).
+) -> AsyncReader | AsyncPartitionedReader:
+    """Open a reader on ``topic``: an :class:`AsyncReader` on a non-partitioned topic or a single
+    partition, an :class:`~txn.partitioned_reader.AsyncPartitionedReader` on a partitioned topic.
 
     As the official client, ``reader_name`` names the consumer, and the (non-durable) subscription
     is ``reader-<10 random hex digits>``, prefixed by ``<subscription_role_prefix>-`` if one is
     given. ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`)."""
     name = str(parse_topic(topic))
-    if await ctx.pool.partitions(name) > 0:
-        raise ValueError(f"{name} is partitioned: open a reader per partition ({name}-partition-N)")
+    partitioned = await ctx.pool.partitions(name) > 0
     subscription = f"reader-{secrets.token_hex(5)}"
     if subscription_role_prefix:
         subscription = f"{subscription_role_prefix}-{subscription}"
@@ -133,6 +127,8 @@ async def create_reader(
         start_message_id=start_message_id,
         start_message_id_inclusive=start_message_id_inclusive,
     )
+    if partitioned:
+        return await open_partitioned_reader(ctx, name, conf)
     c = AsyncConsumer(ctx, [name], conf)
     await c.start()
     ctx.register(c)

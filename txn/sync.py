@@ -431,7 +431,8 @@ class Consumer:
 
 
 class Reader:
-    """A reader (blocking API); see :class:`~txn.reader.AsyncReader`."""
+    """A reader (blocking API) of a topic, a partition or all partitions of a partitioned topic; see
+    :class:`~txn.reader.AsyncReader` and :class:`~txn.partitioned_reader.AsyncPartitionedReader`."""
 
     def __init__(self, inner: Any, lt: LoopThread) -> None:
         self._inner = inner
@@ -439,7 +440,7 @@ class Reader:
 
     @property
     def async_reader(self) -> Any:
-        """The asyncio reader (:class:`~txn.reader.AsyncReader`) this one wraps."""
+        """The asyncio reader this one wraps (an ``AsyncReader`` or an ``AsyncPartitionedReader``)."""
         return self._inner
 
     def topic(self) -> str:
@@ -457,6 +458,10 @@ class Reader:
     def has_message_available(self) -> bool:
         """True if a message after the last one read is stored."""
         return self._lt.run(self._inner.has_message_available())
+
+    def is_connected(self) -> bool:
+        """True while open and subscribed (on every partition); False once closed."""
+        return self._inner.is_connected()
 
     def close(self) -> None:
         """Close."""
