@@ -51,6 +51,7 @@ from netfault import NetFault
 
 import txn
 from txn.admin import admin_request, create_namespace, create_partitioned_topic, enable_namespace_dedup, topic_path
+from txn.delivery.commit_audit import REDO_SUFFIX
 from txn.delivery.replay import read_ledger
 from txn_shell.localbroker import HOST, BrokerError
 from txn_shell.localproxy import LocalProxy
@@ -110,6 +111,10 @@ class ChaosResult:
     zombies: int = 0
     proc_exits: int = 0
     committed_outputs: int = 0
+    #: Outputs the commit audit sent again because the broker had aborted them under a COMMITTED
+    #: record (``+redo`` records naming no input): they replace that record's outputs, so they are
+    #: not counted twice in ``committed_outputs``.
+    outputs_redone: int = 0
     committed_inputs: int = 0
     inputs_committed_twice: int = 0
     guard_skipped: int = 0
@@ -157,6 +162,7 @@ class ChaosResult:
                 f"duplicated={self.duplicated} unexpected={self.unexpected} kills={self.kills} "
                 f"broker_restarts={self.broker_restarts} broker_kills={self.broker_kills} zombies={self.zombies} "
                 f"proc_exits={self.proc_exits} ledger_committed_outputs={self.committed_outputs} "
+                f"outputs_redone={self.outputs_redone} "
                 f"ledger_committed_inputs={self.committed_inputs} inputs_committed_twice={self.inputs_committed_twice} "
                 f"guard_skipped={self.guard_skipped} inputs_missing={self.inputs_missing} "
                 f"lost_inputs_in_ledger={self.lost_inputs_in_ledger} "
@@ -772,7 +778,11 @@ def run_chaos(
 
     records = asyncio.run(ledger_records())
     committed = [r for r in records if r.kind == "COMMITTED"]
-    res.committed_outputs = sum(r.outputs.get(out, 0) for r in committed)
+    # A ``+redo`` record that names no input re-commits outputs the broker aborted under the batch's
+    # own COMMITTED record (which stays, outputs and all): count those outputs once.
+    res.outputs_redone = sum(r.outputs.get(out, 0) for r in committed if r.batch_id.endswith(REDO_SUFFIX)
+                             and not r.inputs)
+    res.committed_outputs = sum(r.outputs.get(out, 0) for r in committed) - res.outputs_redone
     inputs = Counter((t, i) for r in committed for t, ids in r.inputs.items() for i in ids)
     res.committed_inputs = sum(inputs.values())
     res.inputs_committed_twice = sum(1 for c in inputs.values() if c > 1)
