@@ -40,7 +40,6 @@ NOT_API = {"Any", "Callable", "List", "Union", "timedelta", "asyncio", "functool
 #: Keywords that exist with the official name, position and default, but whose non-default values
 #: ``txn`` does not implement: they raise ``TypeError`` naming the keyword. Each with its reason.
 ACCEPTED_GAPS = {
-    ("create_producer", "chunking_enabled", True): "no chunking (a chunk's entry raises txn.MessageChunk)",
     ("create_producer", "encryption_key", "key"): "no encryption",
     ("create_producer", "crypto_key_reader", object()): "no encryption",
     ("subscribe", "is_pattern_topic", True): "no regex subscription (no topic listing of a namespace)",

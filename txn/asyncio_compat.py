@@ -14,11 +14,10 @@ the official one:
 - ``Client.shutdown()`` is a plain call; ``Consumer.receive()`` takes no timeout; closing a
   producer or client twice raises ``AlreadyClosed``; ``negative_acknowledge`` and
   ``redeliver_unacknowledged_messages`` on a closed consumer do nothing;
-- options ``txn`` does not implement (chunking, encryption, regex subscriptions, replication
-  options, a schema on readers) raise ``TypeError`` naming the keyword when given; the tuning
-  knobs without an effect here (``broker_consumer_stats_cache_time_ms``,
-  ``max_pending_chunked_message``, ``auto_ack_oldest_chunked_message_on_queue_full``,
-  ``batch_index_ack_enabled``, ``lazy_start_partitioned_producers``) are accepted and ignored.
+- options ``txn`` does not implement (encryption, regex subscriptions, replication options, a
+  schema on readers) raise ``TypeError`` naming the keyword when given; the tuning knobs without
+  an effect here (``broker_consumer_stats_cache_time_ms``, ``batch_index_ack_enabled``,
+  ``lazy_start_partitioned_producers``) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -407,8 +406,7 @@ class Client:
         is accepted; every partition's producer starts at once."""
         if batching_enabled and chunking_enabled:
             raise ValueError("Batching and chunking of messages can't be enabled together.")
-        _unsupported(chunking_enabled=chunking_enabled, encryption_key=encryption_key,
-                     crypto_key_reader=crypto_key_reader)
+        _unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
         self._check()
         router = {} if message_router is None else {"message_router": message_router}
         producer = await self._client.create_producer(
@@ -421,7 +419,7 @@ class Client:
             batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
             batching_max_publish_delay_ms=batching_max_publish_delay_ms, properties=properties,
             access_mode=access_mode, schema=schema, message_routing_mode=message_routing_mode,
-            batching_type=batching_type, **router,
+            batching_type=batching_type, chunking_enabled=chunking_enabled, **router,
         )
         return Producer(producer, self._state)
 
@@ -473,6 +471,8 @@ class Client:
             dead_letter_policy=dead_letter_policy, schema=schema, batch_receive_policy=batch_receive_policy,
             unacked_messages_timeout_ms=unacked_messages_timeout_ms, is_read_compacted=is_read_compacted,
             start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
+            max_pending_chunked_message=max_pending_chunked_message,
+            auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
         )
         return Consumer(consumer, self._state)
 

@@ -188,7 +188,7 @@ class AsyncClient:
         max_pending_messages: int = 1000,
         max_pending_messages_across_partitions: int = 50000,
         block_if_queue_full: bool = False,
-        batching_enabled: bool = True,
+        batching_enabled: bool | None = None,
         batching_max_messages: int = 1000,
         batching_max_allowed_size_in_bytes: int = 128 * 1024,
         batching_max_publish_delay_ms: int = 10,
@@ -200,6 +200,7 @@ class AsyncClient:
         message_routing_mode: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution,
         batching_type: BatchingType = BatchingType.Default,
         message_router: Callable[[Message, int], int] | None = None,
+        chunking_enabled: bool = False,
     ) -> AsyncProducer:
         """Create a producer; raises the broker's typed error if it refuses.
 
@@ -210,7 +211,9 @@ class AsyncClient:
         ``message_routing_mode`` (:class:`~txn.PartitionsRoutingMode`). ``message_router(message,
         num_partitions)``, as in the official client, chooses the partition of every message, keyed
         or not (``message_routing_mode=CustomPartition`` needs it).
-        ``batching_type=BatchingType.KeyBased`` puts one key in each batch."""
+        ``batching_type=BatchingType.KeyBased`` puts one key in each batch. ``chunking_enabled``
+        splits a message larger than the broker's ``max_message_size`` into chunks; it needs
+        batching off (``batching_enabled`` defaults to on without it, off with it)."""
         self._check()
         check_type(str, topic, "topic")
         check_type(int, message_routing_mode, "message_routing_mode")
@@ -230,8 +233,13 @@ class AsyncClient:
                            ("batching_max_allowed_size_in_bytes", batching_max_allowed_size_in_bytes),
                            ("batching_max_publish_delay_ms", batching_max_publish_delay_ms)):
             check_type(int, value, arg)
+        check_type(bool, chunking_enabled, "chunking_enabled")
+        if batching_enabled is None:
+            batching_enabled = not chunking_enabled
         for arg, value in (("block_if_queue_full", block_if_queue_full), ("batching_enabled", batching_enabled)):
             check_type(bool, value, arg)
+        if batching_enabled and chunking_enabled:
+            raise ValueError("Batching and chunking of messages can't be enabled together.")
         check_type_or_none(dict, properties, "properties")
         name = str(parse_topic(topic))
         if max_pending_messages <= 0:
@@ -255,6 +263,7 @@ class AsyncClient:
             message_routing_mode=routing_mode,
             batching_type=BatchingType(batching_type),
             message_router=message_router,
+            chunking_enabled=chunking_enabled,
         )
         p = AsyncProducer(self._ctx, name, conf)
         await p.start()
@@ -282,6 +291,8 @@ class AsyncClient:
         is_read_compacted: bool = False,
         start_message_id_inclusive: bool = False,
         key_shared_policy: ConsumerKeySharedPolicy | None = None,
+        max_pending_chunked_message: int = 10,
+        auto_ack_oldest_chunked_message_on_queue_full: bool = False,
     ) -> AsyncConsumer:
         """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``).
 
@@ -295,7 +306,9 @@ class AsyncClient:
         ``receive()`` asks the broker for one message and cannot take a timeout. ``is_read_compacted``
         reads the compacted view (Exclusive or Failover, persistent topics). With
         ``start_message_id_inclusive``, ``seek(message_id)`` hands out that message too.
-        ``key_shared_policy`` sets a Key_Shared subscription's mode, sticky ranges and ordering."""
+        ``key_shared_policy`` sets a Key_Shared subscription's mode, sticky ranges and ordering.
+        Chunked messages are reassembled, at most ``max_pending_chunked_message`` incomplete ones at a
+        time (:mod:`txn.consumer.chunks`)."""
         self._check()
         check_type((str, list), topic, "topic")
         check_type(str, subscription_name, "subscription_name")
@@ -317,6 +330,8 @@ class AsyncClient:
         check_type(bool, is_read_compacted, "is_read_compacted")
         check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
+        check_type(int, max_pending_chunked_message, "max_pending_chunked_message")
+        check_type(bool, auto_ack_oldest_chunked_message_on_queue_full, "auto_ack_oldest_chunked_message_on_queue_full")
         if is_read_compacted and (
             any(parse_topic(t).domain != "persistent" for t in names)
             or ConsumerType(consumer_type) not in (ConsumerType.Exclusive, ConsumerType.Failover)
@@ -342,6 +357,8 @@ class AsyncClient:
             start_message_id_inclusive=start_message_id_inclusive,
             key_shared_policy=key_shared_policy,
             multi_topic=not isinstance(topic, str),
+            max_pending_chunked_message=max_pending_chunked_message,
+            auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
         )
         check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
         check_unacked_messages_timeout(unacked_messages_timeout_ms)

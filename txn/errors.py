@@ -332,9 +332,8 @@ class PayloadTooLarge(CorruptMessage):
 class MessageChunk(CorruptMessage, OperationNotSupported):
     """One chunk of a message that its producer split into chunks (``chunking_enabled``).
 
-    ``txn`` does not reassemble chunks: rather than hand a fragment over as if it were the
-    message, each chunk's entry raises this at its place, like a corrupt message (left
-    unacknowledged; acknowledge ``message_id`` to drop it). The official client reassembles them.
+    No longer raised: consumers reassemble chunked messages (:mod:`txn.consumer.chunks`), as the
+    official client. Kept so that code catching it still imports.
     """
 
     reason = "chunk"

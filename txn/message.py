@@ -129,6 +129,33 @@ class MessageId:
         return (self._ledger, self._entry, self._partition)
 
 
+class ChunkMessageId(MessageId):
+    """Id of a chunked message: the last chunk's position (it compares, hashes and serializes as that),
+    with every chunk's id in :attr:`chunk_ids`; ``str()`` is ``first;last`` as the official client's."""
+
+    __slots__ = ("chunk_ids",)
+
+    def __init__(self, chunk_ids: list[MessageId]) -> None:
+        last = chunk_ids[-1]
+        MessageId.__init__(self, last.partition(), last.ledger_id(), last.entry_id(), -1, topic=last.topic)
+        #: The id of each chunk's entry, first to last.
+        self.chunk_ids: tuple[MessageId, ...] = tuple(chunk_ids)
+
+    def __str__(self) -> str:
+        return f"{self.chunk_ids[0]};{self.chunk_ids[-1]}"
+
+    def __repr__(self) -> str:
+        return f"ChunkMessageId(first={self.chunk_ids[0]!r}, last={self.chunk_ids[-1]!r})"
+
+    def first_chunk_message_id(self) -> MessageId:
+        """The first chunk's id."""
+        return self.chunk_ids[0]
+
+    def last_chunk_message_id(self) -> MessageId:
+        """The last chunk's id."""
+        return self.chunk_ids[-1]
+
+
 def signed64(v: int) -> int:
     """A wire uint64 as the int64 the official client keeps."""
     return v - (1 << 64) if v >= 1 << 63 else v

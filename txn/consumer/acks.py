@@ -13,6 +13,7 @@ from ..context import ClientContext
 from ..errors import AlreadyClosed, ConnectError, from_server_error
 from ..message import Message, MessageId, ReceivedMessage
 from ..protocol import pb
+from .chunks import ChunkMessageId, wire_entries
 from .config import ConsumerConfig, ConsumerType
 from .parent import ConsumerParent
 
@@ -155,6 +156,9 @@ class AckTracker:
                 mid = item.message_id() if isinstance(item, Message) else item
                 key = (mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_size)
                 index = mid.batch_index()
+                if isinstance(mid, ChunkMessageId) and not cum:  # every chunk but the last, here
+                    individual.extend(pb.MessageIdData(ledgerId=c.ledger_id(), entryId=c.entry_id())
+                                      for c in mid.chunk_ids[:-1])
             if nacks:
                 nacks.pop(mid, None)
             if cum:
@@ -208,7 +212,7 @@ class AckTracker:
         conn = self._conn
         if conn is None:
             raise ConnectError("consumer is not connected", topic=self.topic, txn_id=txn.id)
-        ids = _txn_ack_ids(mids, cumulative)
+        ids = _txn_ack_ids(mids if cumulative else wire_entries(mids), cumulative)
         rid = next_request_id()
         resp = await conn.request(
             command(
@@ -262,7 +266,7 @@ class AckTracker:
         shared = self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared)
         try:
             if shared and mids:
-                entries = {(m.ledger_id(), m.entry_id()) for m in mids}
+                entries = {(m.ledger_id(), m.entry_id()) for m in wire_entries(mids, getattr(self, "chunks", None))}
                 conn.send_command(
                     command(
                         T.REDELIVER_UNACKNOWLEDGED_MESSAGES,

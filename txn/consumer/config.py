@@ -74,3 +74,8 @@ class ConsumerConfig:
     key_shared_policy: Any = None
     #: subscribed to a list of topics (``receiver_queue_size=0`` then prefetches one per topic, as there)
     multi_topic: bool = False
+    #: chunked messages: how many incomplete ones are kept (0: no limit), whether the oldest one's chunks are
+    #: acknowledged when a new one finds no room, and how long one may stay incomplete (0: no limit)
+    max_pending_chunked_message: int = 10
+    auto_ack_oldest_chunked_message_on_queue_full: bool = False
+    expire_time_of_incomplete_chunked_message_ms: int = 60000

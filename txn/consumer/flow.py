@@ -6,18 +6,19 @@ import logging
 from typing import Any
 
 from ..connection import Connection, command
+from ..context import ClientContext
 from ..errors import (
     ChecksumMismatch,
     ConnectError,
     CorruptMessage,
     EncryptedMessage,
-    MessageChunk,
     PayloadTooLarge,
     ProtocolError,
     SizeLimitExceeded,
 )
 from ..message import MessageId, ReceivedMessage, TxnID, signed64
 from ..protocol import NULL_PAYLOAD, Frame, decompress, pb, split_batch
+from .chunks import CHUNKED_MESSAGE_LIMIT, ChunkBuffer, ChunkedMessage
 from .config import ConsumerConfig
 from .parent import ConsumerParent
 
@@ -72,6 +73,7 @@ class MessageFlow:
     zero_requested: bool
     zero_permits: int
     conf: ConsumerConfig
+    ctx: ClientContext
     _conn: Connection | None
     _epoch: int
 
@@ -128,8 +130,7 @@ class MessageFlow:
             self._reject(EncryptedMessage, "encrypted payload (txn cannot decrypt it)", mid, charged)
             return
         if meta.num_chunks_from_msg > 1:
-            self._reject(MessageChunk, f"chunk {meta.chunk_id + 1} of {meta.num_chunks_from_msg} of message "
-                         f"{meta.uuid!r} (txn does not reassemble chunked messages)", mid, charged)
+            self._on_chunk(cmd, meta, frame.payload or b"", charged)
             return
         try:
             if n < 1:
@@ -149,6 +150,45 @@ class MessageFlow:
             self.ask_one()  # nothing of it is handed out: ask for the next entry
         if msgs:
             self.parent.receive_queue.put_many(msgs)
+
+    def _on_chunk(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, charged: int) -> None:
+        """One chunk of a chunked message (:mod:`.chunks`): kept until its message is complete, which
+        is then queued as one message. Each chunk's entry returns its permit now, but the one that
+        completes a message (it returns one when taken)."""
+        chunks: ChunkBuffer | None = getattr(self, "chunks", None)
+        if chunks is None:
+            conf = self.conf
+            chunks = self.chunks = ChunkBuffer(conf.max_pending_chunked_message,
+                                               conf.auto_ack_oldest_chunked_message_on_queue_full,
+                                               conf.expire_time_of_incomplete_chunked_message_ms)
+        mid = cmd.message_id
+        here = MessageId(self.partition, signed64(mid.ledgerId), signed64(mid.entryId), topic=self.topic)
+        res = chunks.add(here, meta, payload)
+        for done in res.to_ack:
+            self.ack_local(done, False)  # type: ignore[attr-defined]  # AckTracker, in TopicConsumer
+        if res.error is not None:
+            self._reject(CorruptMessage, res.error, mid, charged)
+            return
+        msg: ReceivedMessage | None = None
+        if res.message_id is not None and res.payload is not None:
+            try:
+                whole = decompress(meta.compression, res.payload, meta.uncompressed_size,
+                                   self.ctx.pool.max_uncompressed_message_size or CHUNKED_MESSAGE_LIMIT)
+            except ProtocolError as exc:
+                self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
+                             f"undecodable chunked message {meta.uuid!r}: {exc.message}", mid, charged)
+                return
+            msg = self._build(cmd, meta, whole, False, 1)[0]
+            msg.__class__ = ChunkedMessage
+            msg._id = res.message_id  # noqa: SLF001 - a message it built
+            if self.seek_skip is not None and not self._after_seek([msg]):
+                msg = None
+        if msg is None:
+            self._skip(charged)  # (zero queue: asks for the next entry)
+            return
+        if not self.zero_queue:
+            self._skip(charged - 1)
+        self.parent.receive_queue.put_many([msg])
 
     def _after_seek(self, msgs: list[ReceivedMessage]) -> list[ReceivedMessage]:
         """Drop the messages before the target of a seek, and the target too unless the seek is inclusive."""

@@ -29,6 +29,8 @@ class _Op:
     batched: bool
     created: float
     txn: TxnID
+    #: a chunk of a chunked message: the ids of its chunks received so far (shared by its chunks)
+    chunks: list[MessageId] | None = None
 
 
 class _Batch:
@@ -131,7 +133,8 @@ class Accumulator:
         each batch holds one key.
         """
         self.check_usable()
-        self.check_size(content)
+        if not self.conf.chunking_enabled:
+            self.check_size(content)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[MessageId] = loop.create_future()
         if sequence_id is None:
@@ -160,6 +163,8 @@ class Accumulator:
                 self._flush_batch()
             if content is NULL_PAYLOAD:
                 meta.null_value = True
+            if conf.chunking_enabled and self._push_chunks(seq, meta, content, fut, txn):
+                return fut
             self._push(seq, seq, meta, content, [fut], False, txn)
             return fut
         smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=seq, properties=_kv(properties))
@@ -296,6 +301,52 @@ class Accumulator:
                 self.conn.write(frame)
             except ConnectError:
                 pass  # resent after reconnect
+
+    def _push_chunks(self, seq: int, meta: pb.MessageMetadata, content: bytes, fut: asyncio.Future[MessageId],
+                     txn: TxnID) -> bool:
+        """``chunking_enabled``: send a message whose (compressed) payload exceeds the broker's
+        ``max_message_size`` as chunks, each an entry with the message's sequence id, the uuid
+        ``<producer name>-<sequence id>``, its ``chunk_id``, ``num_chunks_from_msg`` and
+        ``total_chunk_msg_size`` (as the official clients); ``fut`` gets the last chunk's receipt,
+        as a :class:`~txn.message.ChunkMessageId`. False (nothing sent) if it fits in one entry."""
+        codec = self.conf.compression_type
+        payload = content if codec == CompressionType.NONE else compress(codec, content)
+        limit = self.max_message_size
+        if len(payload) <= limit:
+            return False
+        if self.schema_version is not None:
+            meta.schema_version = self.schema_version
+        if codec != CompressionType.NONE:
+            meta.compression = int(codec)
+            meta.uncompressed_size = len(content)
+        if txn is not _NO_TXN:
+            meta.txnid_most_bits = txn.most
+            meta.txnid_least_bits = txn.least
+        meta.uuid = f"{self.producer_name}-{seq}"
+        meta.total_chunk_msg_size = len(payload)
+        meta.num_chunks_from_msg = meta.chunk_id = 1 << 30  # the widest these fields get, to size the metadata
+        size = limit - meta.ByteSize()
+        if size <= 0:
+            raise MessageTooBig(f"message metadata of {meta.ByteSize()} bytes leaves no room under the broker's "
+                                f"limit of {limit}", topic=self.topic)
+        n = -(-len(payload) // size)
+        meta.num_chunks_from_msg = n
+        received: list[MessageId] = []
+        send = {"producer_id": self.producer_id, "sequence_id": seq, "num_messages": 1, "is_chunk": True}
+        if txn is not _NO_TXN:
+            send["txnid_most_bits"] = txn.most
+            send["txnid_least_bits"] = txn.least
+        for i in range(n):
+            meta.chunk_id = i
+            frame = encode_payload_frame(command(T.SEND, **send), meta, payload[i * size:(i + 1) * size])
+            op = _Op(seq, seq, frame, [fut] if i == n - 1 else [], False, time.monotonic(), txn, received)
+            self._pending.append(op)
+            if self.ready and self.conn is not None:
+                try:
+                    self.conn.write(frame)
+                except ConnectError:
+                    pass  # resent after reconnect
+        return True
 
     def flush_now(self) -> None:
         """Send the open batch immediately."""

@@ -66,6 +66,8 @@ class ProducerConfig:
     max_pending_messages_across_partitions: int = 50000
     block_if_queue_full: bool = False
     batching_enabled: bool = True
+    #: split a message larger than the broker's ``max_message_size`` into chunks (batching must be off)
+    chunking_enabled: bool = False
     batching_max_messages: int = 1000
     batching_max_allowed_size_in_bytes: int = 128 * 1024
     batching_max_publish_delay_ms: int = 10

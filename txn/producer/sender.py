@@ -14,7 +14,7 @@ from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
 from ..context import ClientContext
 from ..errors import AlreadyClosed, ConnectError, ProducerFenced, PulsarError, Timeout, from_server_error
-from ..message import MessageId, signed64
+from ..message import ChunkMessageId, MessageId, signed64
 from ..protocol import pb
 from ..schema import schema_to_pb
 from .accumulator import _Batch, _Op
@@ -237,6 +237,12 @@ class Sender:
         mid = r.message_id
         ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # -1: deduplicated
         n = len(op.futures)
+        if op.chunks is not None:  # a chunk: the message's receipt is its last chunk's
+            op.chunks.append(MessageId(self.partition, ledger, entry, topic=self.topic))
+            if n and not op.futures[0].done():
+                op.futures[0].set_result(ChunkMessageId(op.chunks))
+            self._release(n)
+            return
         for i, f in enumerate(op.futures):
             if not f.done():
                 f.set_result(
