@@ -178,6 +178,12 @@ def test_zero_queue_consumer_and_reader(clients: tuple[Any, txn.Client], topic: 
     r = ours.create_reader(topic, ids[1])  # after "x": the last chunked message
     assert r.read_next(20000).data() == sent[2]
     r.close()
+    r = ours.create_reader(topic, ids[0])  # after the first chunked message (its last chunk)
+    assert r.read_next(20000).data() == sent[1]
+    r.close()
+    r = ours.create_reader(topic, ids[2], start_message_id_inclusive=True)  # from its first chunk
+    assert r.read_next(20000).data() == sent[2]
+    r.close()
 
 
 @pytest.mark.parametrize("compression", [txn.CompressionType.NONE, txn.CompressionType.LZ4])

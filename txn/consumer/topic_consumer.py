@@ -13,7 +13,7 @@ from typing import Any
 from ..backoff import Backoff
 from ..connection import Connection, check_error, command, next_request_id
 from ..errors import ConnectError, PulsarError, from_server_error
-from ..message import EARLIEST, LATEST, Message, MessageId
+from ..message import EARLIEST, LATEST, ChunkMessageId, Message, MessageId
 from ..protocol import pb
 from ..protocol.frames import DEFAULT_MAX_MESSAGE_SIZE
 from ..schema import schema_to_pb
@@ -120,6 +120,8 @@ class TopicConsumer(MessageFlow, AckTracker):
         else:
             start, inclusive = conf.start_message_id, conf.start_message_id_inclusive
         if not conf.durable and start is not None:
+            if inclusive and isinstance(start, ChunkMessageId):
+                start = start.first_chunk_message_id()  # a chunked message starts at its first chunk
             fields["start_message_id"] = start.to_pb()
             # The broker starts at the start's entry, a batch entry whole: what precedes the start in
             # it (and the start itself, unless inclusive) is dropped as it arrives, so nothing is
