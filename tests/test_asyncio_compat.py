@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,7 +43,6 @@ NOT_API = {"Any", "Callable", "List", "Union", "timedelta", "asyncio", "functool
 ACCEPTED_GAPS = {
     ("create_producer", "encryption_key", "key"): "no encryption",
     ("create_producer", "crypto_key_reader", object()): "no encryption",
-    ("subscribe", "is_pattern_topic", True): "no regex subscription (no topic listing of a namespace)",
     ("subscribe", "crypto_key_reader", object()): "no decryption",
     ("subscribe", "replicate_subscription_state_enabled", True): "no geo-replication options",
     ("subscribe", "crypto_failure_action", txn.asyncio.ConsumerCryptoFailureAction.CONSUME): "no decryption",
@@ -302,6 +302,31 @@ def test_list_of_topics_and_names(side: Side, url: str, topic: str) -> None:
             got.add((msg.data(), msg.topic_name()))
             await consumer.acknowledge(msg.message_id())
         assert got == {(b"from-1", topics[0]), (b"from-2", topics[1])}
+
+    run(side, url, scenario)
+
+
+def test_pattern_topic(side: Side, url: str, topic: str) -> None:
+    async def scenario(client: Any) -> None:
+        topics = [f"{topic}-rx-1", f"{topic}-rx-2", f"non-persistent{topic[10:]}-rx-3", f"{topic}-other"]
+        producers = [await client.create_producer(t) for t in topics]
+        consumer = await client.subscribe(f"{topic}-rx-.*", "sub", is_pattern_topic=True,
+                                          regex_subscription_mode=side.aio.RegexSubscriptionMode.AllTopics)
+        assert (consumer.topic(), consumer.consumer_name()) == (f"{topic}-rx-.*", "")
+        for p in producers:
+            await p.send(p.topic().encode())
+        got = set()
+        for _ in range(3):
+            msg = await asyncio.wait_for(consumer.receive(), 10)
+            got.add((msg.data().decode(), msg.topic_name()))
+            await consumer.acknowledge(msg)
+        assert got == {(t, t) for t in topics[:3]}
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(consumer.receive(), 0.5)
+        with pytest.raises(ValueError, match="must be a string when 'is_pattern_topic' is True"):
+            await client.subscribe(topics, "sub2", is_pattern_topic=True)
+        with pytest.raises(ValueError, match="expected to be of type 'str' or 'list'"):
+            await client.subscribe(re.compile(topic), "sub2")
 
     run(side, url, scenario)
 

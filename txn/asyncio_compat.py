@@ -14,9 +14,9 @@ the official one:
 - ``Client.shutdown()`` is a plain call; ``Consumer.receive()`` takes no timeout; closing a
   producer or client twice raises ``AlreadyClosed``; ``negative_acknowledge`` and
   ``redeliver_unacknowledged_messages`` on a closed consumer do nothing;
-- options ``txn`` does not implement (encryption, regex subscriptions, replication options, a
-  schema on readers) raise ``TypeError`` naming the keyword when given; the tuning knobs without
-  an effect here (``broker_consumer_stats_cache_time_ms``, ``batch_index_ack_enabled``,
+- options ``txn`` does not implement (encryption, replication options, a schema on readers)
+  raise ``TypeError`` naming the keyword when given; the tuning knobs without an effect here
+  (``broker_consumer_stats_cache_time_ms``, ``batch_index_ack_enabled``,
   ``lazy_start_partitioned_producers``) are accepted and ignored.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from enum import IntEnum
@@ -452,19 +453,23 @@ class Client:
         crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
         is_pattern_topic: bool = False,
     ) -> Consumer:
-        """Subscribe to a topic or a list of topics (not a regex pattern: ``is_pattern_topic=True``
-        raises ``TypeError``)."""
+        """Subscribe to a topic, a list of topics, or with ``is_pattern_topic=True`` the topics matching
+        the regex ``topic`` (of the ``regex_subscription_mode`` domains, listed again every 60 s)."""
+        if not isinstance(topic, str | list):
+            raise ValueError("Argument 'topic' is expected to be of type 'str' or 'list'")
         if is_pattern_topic and isinstance(topic, list):
             raise ValueError("Argument 'topic' must be a string when 'is_pattern_topic' is True; "
                              "lists of topics do not support pattern subscriptions")
-        _unsupported(is_pattern_topic=is_pattern_topic, crypto_key_reader=crypto_key_reader,
+        _unsupported(crypto_key_reader=crypto_key_reader,
                      replicate_subscription_state_enabled=replicate_subscription_state_enabled)
         _check_crypto_failure_action(crypto_failure_action)
         self._check()
         if subscription_name == "":
             raise InvalidConfiguration("SubscriptionName cannot be empty.")
         consumer = await self._client.subscribe(
-            topic, subscription_name, consumer_type=consumer_type, initial_position=initial_position,
+            re.compile(topic) if is_pattern_topic and isinstance(topic, str) else topic, subscription_name,
+            consumer_type=consumer_type, initial_position=initial_position,
+            regex_subscription_mode=regex_subscription_mode,
             consumer_name=consumer_name, receiver_queue_size=receiver_queue_size,
             max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms, properties=properties,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -19,11 +20,12 @@ from .args import NUMBER, check_type, check_type_or_none
 from .auth import Authentication
 from .client_logger import ConsoleLogger, FileLogger, check_logger
 from .connection import MAX_MESSAGE_SIZE_CEILING
-from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
+from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition, RegexSubscriptionMode
 from .consumer.ack_timeout import check_unacked_messages_timeout
 from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .consumer.key_shared import ConsumerKeySharedPolicy
+from .consumer.pattern import AsyncPatternConsumer, split_pattern
 from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .errors import AlreadyClosed, InvalidConfiguration
@@ -272,7 +274,7 @@ class AsyncClient:
 
     async def subscribe(
         self,
-        topic: str | list[str],
+        topic: str | list[str] | re.Pattern[str],
         subscription_name: str,
         consumer_type: ConsumerType = ConsumerType.Exclusive,
         initial_position: InitialPosition = InitialPosition.Latest,
@@ -293,8 +295,18 @@ class AsyncClient:
         key_shared_policy: ConsumerKeySharedPolicy | None = None,
         max_pending_chunked_message: int = 10,
         auto_ack_oldest_chunked_message_on_queue_full: bool = False,
+        pattern_auto_discovery_period: int = 60,
+        regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
     ) -> AsyncConsumer:
-        """Subscribe to one topic or a list of topics (bad argument types raise ``ValueError``).
+        """Subscribe to one topic, a list of topics or the topics matching a compiled regex (bad
+        argument types raise ``ValueError``).
+
+        A regex (``re.compile("persistent://tenant/ns/orders-.*")``) covers the topics of its
+        namespace whose ``tenant/ns/name`` it matches in full, of the domains
+        ``regex_subscription_mode`` says (the pattern's own domain is ignored, as there); the
+        namespace is listed again every ``pattern_auto_discovery_period`` seconds (0: never) to
+        subscribe to new matching topics and close the consumers of deleted ones (see
+        :mod:`txn.consumer.pattern`).
 
         ``batch_receive_policy`` sets the limits of ``batch_receive()`` (default: no count limit,
         10 MiB, 100 ms). ``message_listener(consumer, message)`` is called for each message, one at
@@ -310,7 +322,11 @@ class AsyncClient:
         Chunked messages are reassembled, at most ``max_pending_chunked_message`` incomplete ones at a
         time (:mod:`txn.consumer.chunks`)."""
         self._check()
-        check_type((str, list), topic, "topic")
+        if not isinstance(topic, str | list | re.Pattern):
+            raise ValueError("Argument 'topic' is expected to be of a type between (str, list, re.pattern)")
+        check_type(int, pattern_auto_discovery_period, "pattern_auto_discovery_period")
+        check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
+        mode = RegexSubscriptionMode(regex_subscription_mode)
         check_type(str, subscription_name, "subscription_name")
         check_type_or_none(str, consumer_name, "consumer_name")
         for arg, value in (("receiver_queue_size", receiver_queue_size),
@@ -319,10 +335,14 @@ class AsyncClient:
                            ("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms)):
             check_type(int, value, arg)
         check_type_or_none(dict, properties, "properties")
-        topics = [topic] if isinstance(topic, str) else list(topic)
-        if not topics:
-            raise ValueError("subscribe needs at least one topic")
-        names = [str(parse_topic(t)) for t in topics]
+        pattern = topic.pattern if isinstance(topic, re.Pattern) else None
+        if pattern is not None:
+            names = [split_pattern(pattern)[0]]
+        else:
+            topics = [topic] if isinstance(topic, str) else list(topic)
+            if not topics:
+                raise ValueError("subscribe needs at least one topic")
+            names = [str(parse_topic(t)) for t in topics]
         if not subscription_name or not isinstance(subscription_name, str):
             raise ValueError("subscription_name must be a non-empty string")
         if receiver_queue_size < 0:
@@ -333,7 +353,8 @@ class AsyncClient:
         check_type(int, max_pending_chunked_message, "max_pending_chunked_message")
         check_type(bool, auto_ack_oldest_chunked_message_on_queue_full, "auto_ack_oldest_chunked_message_on_queue_full")
         if is_read_compacted and (
-            any(parse_topic(t).domain != "persistent" for t in names)
+            (mode != RegexSubscriptionMode.PersistentOnly if pattern is not None
+             else any(parse_topic(t).domain != "persistent" for t in names))
             or ConsumerType(consumer_type) not in (ConsumerType.Exclusive, ConsumerType.Failover)
         ):
             raise InvalidConfiguration("is_read_compacted needs persistent topics and an Exclusive or Failover "
@@ -370,7 +391,10 @@ class AsyncClient:
             conf.dead_letter_policy = dead_letter_policy
         if message_listener is not None and not callable(message_listener):
             raise ValueError("message_listener must be callable")
-        c = AsyncConsumer(self._ctx, names, conf)
+        if pattern is not None:
+            c: AsyncConsumer = AsyncPatternConsumer(self._ctx, pattern, mode, pattern_auto_discovery_period, conf)
+        else:
+            c = AsyncConsumer(self._ctx, names, conf)
         await c.start()
         self._consumers.add(c)
         if message_listener is not None:

@@ -46,6 +46,7 @@ _RESPONSES: dict[int, str] = {
     T.END_TXN_ON_PARTITION_RESPONSE: "endTxnOnPartitionResponse",
     T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
     T.GET_SCHEMA_RESPONSE: "getSchemaResponse",
+    T.GET_TOPICS_OF_NAMESPACE_RESPONSE: "getTopicsOfNamespaceResponse",
 }
 
 # Field of the command type used when *sending* it.
@@ -74,6 +75,7 @@ _FIELD_FOR_TYPE: dict[int, str] = {
     T.END_TXN_ON_PARTITION: "endTxnOnPartition",
     T.TC_CLIENT_CONNECT_REQUEST: "tcClientConnectRequest",
     T.GET_SCHEMA: "getSchema",
+    T.GET_TOPICS_OF_NAMESPACE: "getTopicsOfNamespace",
 }
 
 _request_ids = itertools.count(1)

@@ -93,7 +93,7 @@ class AsyncConsumer:
         total_parts = sum(max(c, 1) for c in counts)
         per = self.conf.receiver_queue_size
         if self.zero_queue and total_parts > 1:
-            raise InvalidConfiguration("Can't use partitioned topic if the queue size is 0", topic=self._topics[0])
+            raise InvalidConfiguration("Can't use partitioned topic if the queue size is 0", topic=self.topic())
         if total_parts > 1:
             per = max(1, min(per, self.conf.max_total_receiver_queue_size_across_partitions // total_parts))
         elif not self.zero_queue:
@@ -228,6 +228,45 @@ class AsyncConsumer:
                 self._partition_counts[t] = max(self._partition_counts[t], sub.partition + 1)
         return complete
 
+    async def add_topics(self, topics: list[str]) -> list[str]:
+        """Subscribe to more topics (all partitions of partitioned ones) while running; returns those
+        now subscribed. A topic whose partition count or subscription fails is left out (log only)."""
+        counts = await asyncio.gather(*(self.ctx.pool.partitions(t) for t in topics), return_exceptions=True)
+        added: list[str] = []
+        for t, n in zip(topics, counts, strict=True):
+            if isinstance(n, BaseException) or self._closed:
+                log.info("not subscribing to %s now (%s)", t, n)
+                continue
+            names = [(t, -1)] if n == 0 else [(f"{t}-partition-{i}", i) for i in range(n)]
+            subs = [TopicConsumer(self, name, idx, self._per_partition_queue) for name, idx in names]
+            results = await asyncio.gather(*(s.start() for s in subs), return_exceptions=True)
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None or self._closed:
+                log.info("subscribe to %s failed (%s)", t, failed)
+                await asyncio.gather(*(s.close() for s in subs), return_exceptions=True)
+                continue
+            self.topic_consumers.extend(subs)
+            self._by_topic.update((s.topic, s) for s in subs)
+            self._topics.append(t)
+            if n > 0:
+                self._partition_counts[t] = n
+            added.append(t)
+        if self._partition_counts and self._discoverer is None and not self._closed:
+            self._discoverer = asyncio.get_running_loop().create_task(self._discover())
+        return added
+
+    async def remove_topics(self, topics: list[str]) -> None:
+        """Close the consumers of ``topics`` (and their partitions), e.g. topics deleted meanwhile."""
+        gone = set(topics)
+        subs = [s for s in self.topic_consumers if s.topic in gone or s.topic.rpartition("-partition-")[0] in gone]
+        self.topic_consumers[:] = [s for s in self.topic_consumers if s not in subs]
+        for s in subs:
+            self._by_topic.pop(s.topic, None)
+        self._topics[:] = [t for t in self._topics if t not in gone]
+        for t in gone:
+            self._partition_counts.pop(t, None)
+        await asyncio.gather(*(s.close() for s in subs), return_exceptions=True)
+
     # -------------------------------------------------------------------- API
 
     def topic(self) -> str:
@@ -262,13 +301,13 @@ class AsyncConsumer:
     def check_open(self) -> None:
         """Raise :class:`AlreadyClosed` once the consumer is closed."""
         if self._closed:
-            raise AlreadyClosed("consumer is closed", topic=self._topics[0])
+            raise AlreadyClosed("consumer is closed", topic=self.topic())
 
     def check_receive(self) -> None:
         """Raise :class:`AlreadyClosed` once closed, :class:`InvalidConfiguration` while a listener is set."""
         self.check_open()
         if self.message_listener is not None:
-            raise InvalidConfiguration("Can not receive when a listener has been set", topic=self._topics[0])
+            raise InvalidConfiguration("Can not receive when a listener has been set", topic=self.topic())
 
     def want_one(self) -> None:
         """Zero queue: ask the broker for one message unless one is asked for or queued (any thread)."""
@@ -294,7 +333,7 @@ class AsyncConsumer:
     def check_zero_queue_timeout(self, timeout_millis: object) -> None:
         """A zero-queue consumer cannot receive with a timeout: :class:`InvalidConfiguration`, as there."""
         if self.zero_queue and timeout_millis is not None:
-            raise InvalidConfiguration("Can't use receive with a timeout if the queue size is 0", topic=self._topics[0])
+            raise InvalidConfiguration("Can't use receive with a timeout if the queue size is 0", topic=self.topic())
 
     # -------------------------------------------------------- message listener
 
@@ -318,7 +357,7 @@ class AsyncConsumer:
             except AlreadyClosed:
                 return
             except PulsarError as exc:  # a corrupt entry's error, at its place in the stream
-                log.error("message listener of %s skipped: %s", self._topics[0], exc)
+                log.error("message listener of %s skipped: %s", self.topic(), exc)
                 continue
             await self._listener_resumed.wait()  # paused while this one was awaited: hold it until resumed
             if self._closed:
@@ -329,7 +368,7 @@ class AsyncConsumer:
                 if inspect.isawaitable(result):
                     await result
             except Exception:
-                log.exception("message listener of %s raised", self._topics[0])
+                log.exception("message listener of %s raised", self.topic())
 
     def pause_message_listener(self) -> None:
         """Stop handing messages to the listener (they stay queued) until :meth:`resume_message_listener`."""
@@ -344,7 +383,7 @@ class AsyncConsumer:
     def check_listener(self) -> None:
         """Raise :class:`InvalidConfiguration` if the consumer has no message listener (as the official client)."""
         if self.message_listener is None:
-            raise InvalidConfiguration("the consumer has no message listener", topic=self._topics[0])
+            raise InvalidConfiguration("the consumer has no message listener", topic=self.topic())
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """Next message; raises :class:`~txn.Timeout` after ``timeout_millis``."""

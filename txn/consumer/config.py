@@ -26,10 +26,8 @@ class InitialPosition(IntEnum):
 
 
 class RegexSubscriptionMode(IntEnum):
-    """Which topics a regex subscription covers (names and values as ``pulsar.RegexSubscriptionMode``).
-
-    Only the enum: ``txn`` does not subscribe by pattern yet (``subscribe`` takes a topic or a
-    list), so no call takes it."""
+    """Which topics a regex subscription covers (names and values as ``pulsar.RegexSubscriptionMode``):
+    ``subscribe(re.compile(...), ..., regex_subscription_mode=...)``, see :mod:`txn.consumer.pattern`."""
 
     PersistentOnly = 0
     NonPersistentOnly = 1
