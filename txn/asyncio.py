@@ -5,32 +5,7 @@ The names of the official ``pulsar.asyncio`` module; they live in :mod:`txn.asyn
 absolute; nothing in ``txn`` imports this module relatively.)
 """
 
-from .asyncio_compat import (
-    BatchingType,
-    Client,
-    CompressionType,
-    Consumer,
-    ConsumerCryptoFailureAction,
-    InitialPosition,
-    PartitionsRoutingMode,
-    Producer,
-    ProducerAccessMode,
-    PulsarException,
-    Reader,
-    RegexSubscriptionMode,
-)
+from . import asyncio_compat as _compat
+from .asyncio_compat import *  # noqa: F403 - the official module's names (asyncio_compat.__all__)
 
-__all__ = [
-    "BatchingType",
-    "Client",
-    "CompressionType",
-    "Consumer",
-    "ConsumerCryptoFailureAction",
-    "InitialPosition",
-    "PartitionsRoutingMode",
-    "Producer",
-    "ProducerAccessMode",
-    "PulsarException",
-    "Reader",
-    "RegexSubscriptionMode",
-]
+__all__ = list(_compat.__all__)

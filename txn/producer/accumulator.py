@@ -294,11 +294,14 @@ class Accumulator:
             send["txnid_most_bits"] = txn.most
             send["txnid_least_bits"] = txn.least
         frame = encode_payload_frame(command(T.SEND, **send), meta, payload)
-        op = _Op(seq, highest, frame, futures, batched, time.monotonic(), txn)
+        self._queue(_Op(seq, highest, frame, futures, batched, time.monotonic(), txn))
+
+    def _queue(self, op: _Op) -> None:
+        """Add ``op`` to the pending window and write its frame if connected (else the reconnect resends it)."""
         self._pending.append(op)
         if self.ready and self.conn is not None:
             try:
-                self.conn.write(frame)
+                self.conn.write(op.frame)
             except ConnectError:
                 pass  # resent after reconnect
 
@@ -339,13 +342,7 @@ class Accumulator:
         for i in range(n):
             meta.chunk_id = i
             frame = encode_payload_frame(command(T.SEND, **send), meta, payload[i * size:(i + 1) * size])
-            op = _Op(seq, seq, frame, [fut] if i == n - 1 else [], False, time.monotonic(), txn, received)
-            self._pending.append(op)
-            if self.ready and self.conn is not None:
-                try:
-                    self.conn.write(frame)
-                except ConnectError:
-                    pass  # resent after reconnect
+            self._queue(_Op(seq, seq, frame, [fut] if i == n - 1 else [], False, time.monotonic(), txn, received))
         return True
 
     def flush_now(self) -> None:
