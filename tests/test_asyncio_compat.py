@@ -41,13 +41,8 @@ NOT_API = {"Any", "Callable", "List", "Union", "timedelta", "asyncio", "functool
 #: Keywords that exist with the official name, position and default, but whose non-default values
 #: ``txn`` does not implement: they raise ``TypeError`` naming the keyword. Each with its reason.
 ACCEPTED_GAPS = {
-    ("create_producer", "encryption_key", "key"): "no encryption",
-    ("create_producer", "crypto_key_reader", object()): "no encryption",
-    ("subscribe", "crypto_key_reader", object()): "no decryption",
     ("subscribe", "replicate_subscription_state_enabled", True): "no geo-replication options",
-    ("subscribe", "crypto_failure_action", txn.asyncio.ConsumerCryptoFailureAction.CONSUME): "no decryption",
     ("create_reader", "schema", txn.schema.StringSchema()): "no schema on readers yet",
-    ("create_reader", "crypto_key_reader", object()): "no decryption",
 }
 
 
@@ -459,6 +454,37 @@ def test_schema(side: Side, url: str, topic: str) -> None:
         consumer = await client.subscribe(topic, "sub", schema=side.schema.StringSchema())
         await producer.send("héllo")
         assert (await asyncio.wait_for(consumer.receive(), 10)).value() == "héllo"
+
+    run(side, url, scenario)
+
+
+@pytest.fixture(scope="module")
+def rsa_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    d = tmp_path_factory.mktemp("rsa")
+    (d / "private.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+    (d / "public.pem").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(d / "public.pem"), str(d / "private.pem")
+
+
+def test_encryption(side: Side, url: str, topic: str, rsa_pair: tuple[str, str]) -> None:
+    async def scenario(client: Any) -> None:
+        keys = side.top.CryptoKeyReader(*rsa_pair)
+        consumer = await client.subscribe(topic, "sub", crypto_key_reader=keys)
+        raw = await client.subscribe(topic, "raw", crypto_failure_action=side.aio.ConsumerCryptoFailureAction.CONSUME)
+        producer = await client.create_producer(topic, encryption_key="k", crypto_key_reader=keys)
+        reader = await client.create_reader(topic, side.top.MessageId.earliest, crypto_key_reader=keys)
+        await producer.send(b"hello")
+        msg = await asyncio.wait_for(consumer.receive(), 10)
+        assert msg.data() == b"hello" and not msg.encryption_context().is_decryption_failed()
+        assert (await asyncio.wait_for(reader.read_next(), 10)).data() == b"hello"
+        msg = await asyncio.wait_for(raw.receive(), 10)
+        assert msg.data() != b"hello" and msg.encryption_context().is_decryption_failed()
 
     run(side, url, scenario)
 

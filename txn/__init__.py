@@ -18,6 +18,7 @@ from .consumer import AsyncConsumer, ConsumerType, InitialPosition, RegexSubscri
 from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .consumer.key_shared import ConsumerKeySharedPolicy, KeySharedMode
+from .crypto import ConsumerCryptoFailureAction, CryptoKeyReader, EncryptionContext, EncryptionKey
 from .errors import (
     AlreadyClosed,
     AuthenticationError,
@@ -124,6 +125,7 @@ __all__ = [
     "ConsumerAssignError",
     "ConsumerBatchReceivePolicy",
     "ConsumerBusy",
+    "ConsumerCryptoFailureAction",
     "ConsumerDeadLetterPolicy",
     "ConsumerKeySharedPolicy",
     "ConsumerNotFound",
@@ -132,9 +134,12 @@ __all__ = [
     "CoordinatorNotFound",
     "CorruptMessage",
     "CryptoError",
+    "CryptoKeyReader",
     "CumulativeAcknowledgementNotAllowedError",
     "EARLIEST",
     "EncryptedMessage",
+    "EncryptionContext",
+    "EncryptionKey",
     "ErrorGettingAuthenticationData",
     "FileLogger",
     "HashingScheme",

@@ -14,7 +14,7 @@ the official one:
 - ``Client.shutdown()`` is a plain call; ``Consumer.receive()`` takes no timeout; closing a
   producer or client twice raises ``AlreadyClosed``; ``negative_acknowledge`` and
   ``redeliver_unacknowledged_messages`` on a closed consumer do nothing;
-- options ``txn`` does not implement (encryption, replication options, a schema on readers)
+- options ``txn`` does not implement (replication options, a schema on readers)
   raise ``TypeError`` naming the keyword when given; the tuning knobs without an effect here
   (``broker_consumer_stats_cache_time_ms``, ``batch_index_ack_enabled``,
   ``lazy_start_partitioned_producers``) are accepted and ignored.
@@ -28,7 +28,6 @@ import functools
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from enum import IntEnum
 from typing import Any, ParamSpec, TypeVar
 
 from .args import check_type
@@ -38,6 +37,7 @@ from .consumer.async_consumer import seek_target
 from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .consumer.key_shared import ConsumerKeySharedPolicy
+from .crypto import ConsumerCryptoFailureAction, CryptoKeyReader
 from .errors import AlreadyClosed, InvalidConfiguration, PulsarError, Result
 from .message import Message, MessageId
 from .producer import AsyncProducer, BatchingType, PartitionsRoutingMode, ProducerAccessMode
@@ -62,15 +62,6 @@ __all__ = [
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-class ConsumerCryptoFailureAction(IntEnum):
-    """The official enum (same members and values). ``txn`` decrypts nothing: only ``FAIL`` is
-    accepted, and an encrypted message raises :class:`~txn.EncryptedMessage` at ``receive()``."""
-
-    FAIL = 0
-    DISCARD = 1
-    CONSUME = 2
 
 
 class PulsarException(PulsarError):
@@ -137,11 +128,6 @@ def _unsupported(**options: Any) -> None:
     for name, value in options.items():
         if value is not None and value is not False and value != []:
             raise TypeError(f"{name} is not supported by txn (see docs/porting.md)")
-
-
-def _check_crypto_failure_action(action: Any) -> None:
-    if int(action) != ConsumerCryptoFailureAction.FAIL:
-        raise TypeError("crypto_failure_action other than FAIL is not supported by txn (see docs/porting.md)")
 
 
 class _State:
@@ -399,7 +385,7 @@ class Client:
         properties: dict[str, str] | None = None,
         batching_type: BatchingType = BatchingType.Default,
         encryption_key: str | None = None,
-        crypto_key_reader: Any = None,
+        crypto_key_reader: CryptoKeyReader | None = None,
         access_mode: ProducerAccessMode = ProducerAccessMode.Shared,
         message_router: Callable[[Message, int], int] | None = None,
     ) -> Producer:
@@ -407,7 +393,6 @@ class Client:
         is accepted; every partition's producer starts at once."""
         if batching_enabled and chunking_enabled:
             raise ValueError("Batching and chunking of messages can't be enabled together.")
-        _unsupported(encryption_key=encryption_key, crypto_key_reader=crypto_key_reader)
         self._check()
         router = {} if message_router is None else {"message_router": message_router}
         producer = await self._client.create_producer(
@@ -420,7 +405,8 @@ class Client:
             batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
             batching_max_publish_delay_ms=batching_max_publish_delay_ms, properties=properties,
             access_mode=access_mode, schema=schema, message_routing_mode=message_routing_mode,
-            batching_type=batching_type, chunking_enabled=chunking_enabled, **router,
+            batching_type=batching_type, chunking_enabled=chunking_enabled,
+            encryption_key=encryption_key, crypto_key_reader=crypto_key_reader, **router,
         )
         return Producer(producer, self._state)
 
@@ -440,7 +426,7 @@ class Client:
         is_read_compacted: bool = False,
         properties: dict[str, str] | None = None,
         initial_position: InitialPosition = InitialPosition.Latest,
-        crypto_key_reader: Any = None,
+        crypto_key_reader: CryptoKeyReader | None = None,
         replicate_subscription_state_enabled: bool = False,
         max_pending_chunked_message: int = 10,
         auto_ack_oldest_chunked_message_on_queue_full: bool = False,
@@ -460,9 +446,7 @@ class Client:
         if is_pattern_topic and isinstance(topic, list):
             raise ValueError("Argument 'topic' must be a string when 'is_pattern_topic' is True; "
                              "lists of topics do not support pattern subscriptions")
-        _unsupported(crypto_key_reader=crypto_key_reader,
-                     replicate_subscription_state_enabled=replicate_subscription_state_enabled)
-        _check_crypto_failure_action(crypto_failure_action)
+        _unsupported(replicate_subscription_state_enabled=replicate_subscription_state_enabled)
         self._check()
         if subscription_name == "":
             raise InvalidConfiguration("SubscriptionName cannot be empty.")
@@ -478,6 +462,7 @@ class Client:
             start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
             max_pending_chunked_message=max_pending_chunked_message,
             auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
+            crypto_key_reader=crypto_key_reader, crypto_failure_action=crypto_failure_action,
         )
         return Consumer(consumer, self._state)
 
@@ -491,20 +476,19 @@ class Client:
         reader_name: str | None = None,
         subscription_role_prefix: str | None = None,
         is_read_compacted: bool = False,
-        crypto_key_reader: Any = None,
+        crypto_key_reader: CryptoKeyReader | None = None,
         start_message_id_inclusive: bool = False,
         crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
     ) -> Reader:
         """Read ``topic`` (one topic or partition) from ``start_message_id`` (``MessageId.earliest``,
         ``MessageId.latest`` or an id). A schema other than bytes is not supported yet."""
-        _unsupported(schema=None if schema is None or isinstance(schema, BytesSchema) else schema,
-                     crypto_key_reader=crypto_key_reader)
-        _check_crypto_failure_action(crypto_failure_action)
+        _unsupported(schema=None if schema is None or isinstance(schema, BytesSchema) else schema)
         self._check()
         reader = await self._client.create_reader(
             topic, start_message_id, start_message_id_inclusive=start_message_id_inclusive,
             receiver_queue_size=receiver_queue_size, reader_name=reader_name,
             subscription_role_prefix=subscription_role_prefix, is_read_compacted=is_read_compacted,
+            crypto_key_reader=crypto_key_reader, crypto_failure_action=crypto_failure_action,
         )
         return Reader(reader, self._state)
 

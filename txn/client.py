@@ -28,6 +28,7 @@ from .consumer.key_shared import ConsumerKeySharedPolicy
 from .consumer.pattern import AsyncPatternConsumer, split_pattern
 from .context import ClientContext
 from .coordinator import CoordinatorClient
+from .crypto import ConsumerCryptoFailureAction, CryptoKeyReader, consumer_decryptor, producer_encryptor
 from .errors import AlreadyClosed, InvalidConfiguration
 from .message import Message, MessageId, TxnID
 from .partitioned_reader import AsyncPartitionedReader
@@ -203,6 +204,8 @@ class AsyncClient:
         batching_type: BatchingType = BatchingType.Default,
         message_router: Callable[[Message, int], int] | None = None,
         chunking_enabled: bool = False,
+        encryption_key: str | None = None,
+        crypto_key_reader: CryptoKeyReader | None = None,
     ) -> AsyncProducer:
         """Create a producer; raises the broker's typed error if it refuses.
 
@@ -215,7 +218,10 @@ class AsyncClient:
         or not (``message_routing_mode=CustomPartition`` needs it).
         ``batching_type=BatchingType.KeyBased`` puts one key in each batch. ``chunking_enabled``
         splits a message larger than the broker's ``max_message_size`` into chunks; it needs
-        batching off (``batching_enabled`` defaults to on without it, off with it)."""
+        batching off (``batching_enabled`` defaults to on without it, off with it).
+        ``encryption_key`` (a key name) with ``crypto_key_reader`` encrypts every message end to end,
+        as the official client (:mod:`txn.crypto`; the ``crypto`` extra); one without the other
+        encrypts nothing, as there."""
         self._check()
         check_type(str, topic, "topic")
         check_type(int, message_routing_mode, "message_routing_mode")
@@ -246,6 +252,7 @@ class AsyncClient:
         name = str(parse_topic(topic))
         if max_pending_messages <= 0:
             raise ValueError("max_pending_messages must be positive (the window is always bounded)")
+        encryptor = producer_encryptor(encryption_key, crypto_key_reader)
         conf = ProducerConfig(
             producer_name=producer_name,
             initial_sequence_id=initial_sequence_id,
@@ -266,6 +273,7 @@ class AsyncClient:
             batching_type=BatchingType(batching_type),
             message_router=message_router,
             chunking_enabled=chunking_enabled,
+            encryptor=encryptor,
         )
         p = AsyncProducer(self._ctx, name, conf)
         await p.start()
@@ -297,6 +305,8 @@ class AsyncClient:
         auto_ack_oldest_chunked_message_on_queue_full: bool = False,
         pattern_auto_discovery_period: int = 60,
         regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
+        crypto_key_reader: CryptoKeyReader | None = None,
+        crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
     ) -> AsyncConsumer:
         """Subscribe to one topic, a list of topics or the topics matching a compiled regex (bad
         argument types raise ``ValueError``).
@@ -320,7 +330,9 @@ class AsyncClient:
         ``start_message_id_inclusive``, ``seek(message_id)`` hands out that message too.
         ``key_shared_policy`` sets a Key_Shared subscription's mode, sticky ranges and ordering.
         Chunked messages are reassembled, at most ``max_pending_chunked_message`` incomplete ones at a
-        time (:mod:`txn.consumer.chunks`)."""
+        time (:mod:`txn.consumer.chunks`). Encrypted messages are decrypted with ``crypto_key_reader``
+        (:mod:`txn.crypto`); one that cannot be is raised, acknowledged or handed over still encrypted
+        as ``crypto_failure_action`` says (:class:`~txn.ConsumerCryptoFailureAction`)."""
         self._check()
         if not isinstance(topic, str | list | re.Pattern):
             raise ValueError("Argument 'topic' is expected to be of a type between (str, list, re.pattern)")
@@ -359,6 +371,7 @@ class AsyncClient:
         ):
             raise InvalidConfiguration("is_read_compacted needs persistent topics and an Exclusive or Failover "
                                        "subscription", topic=names[0])
+        decryptor = consumer_decryptor(crypto_key_reader, crypto_failure_action)
         if not consumer_name and isinstance(topic, str):
             # As the official client: a consumer of one topic gets a random 10-hex-digit name;
             # one of a list of topics has none ("").
@@ -380,6 +393,8 @@ class AsyncClient:
             multi_topic=not isinstance(topic, str),
             max_pending_chunked_message=max_pending_chunked_message,
             auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
+            decryptor=decryptor,
+            crypto_failure_action=int(crypto_failure_action),
         )
         check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
         check_unacked_messages_timeout(unacked_messages_timeout_ms)
@@ -411,12 +426,15 @@ class AsyncClient:
         *,
         subscription_role_prefix: str | None = None,
         is_read_compacted: bool = False,
+        crypto_key_reader: CryptoKeyReader | None = None,
+        crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
     ) -> AsyncReader | AsyncPartitionedReader:
         """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id); on a
         partitioned topic, every partition (an :class:`~txn.partitioned_reader.AsyncPartitionedReader`).
 
         ``reader_name`` is the consumer's name; the subscription is ``reader-<random>``, after
-        ``<subscription_role_prefix>-`` if given. ``is_read_compacted`` reads the compacted view."""
+        ``<subscription_role_prefix>-`` if given. ``is_read_compacted`` reads the compacted view.
+        ``crypto_key_reader`` and ``crypto_failure_action`` as in :meth:`subscribe`."""
         self._check()
         check_type(str, topic, "topic")
         check_type(MessageId, start_message_id, "start_message_id")
@@ -425,8 +443,10 @@ class AsyncClient:
         check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
         check_type(bool, is_read_compacted, "is_read_compacted")
         check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+        decryptor = consumer_decryptor(crypto_key_reader, crypto_failure_action)
         return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
-                                   reader_name, subscription_role_prefix, is_read_compacted)
+                                   reader_name, subscription_role_prefix, is_read_compacted, decryptor,
+                                   int(crypto_failure_action))
 
     async def create_table_view(self, topic: str, subscription_name: str | None = None,
                                 schema: Schema = BytesSchema()) -> AsyncTableView:

@@ -341,12 +341,14 @@ class MessageChunk(CorruptMessage, OperationNotSupported):
 
 
 class EncryptedMessage(CorruptMessage, CryptoError):
-    """A message whose payload is encrypted (its metadata carries encryption keys).
+    """An encrypted message the consumer could not decrypt: no ``crypto_key_reader``, or no key
+    of the message opens it with the reader's private key (:mod:`txn.crypto`).
 
-    ``txn`` cannot decrypt: rather than hand ciphertext over as the payload, ``receive()`` raises
-    this at the message's place (left unacknowledged; acknowledge ``message_id`` to drop it). The
-    official client's default (``ConsumerCryptoFailureAction.FAIL``, without a key reader)
-    does not deliver such a message either, but says nothing to the application.
+    With ``crypto_failure_action=ConsumerCryptoFailureAction.FAIL`` (the default), rather than
+    hand ciphertext over as the payload, ``receive()`` raises this at the message's place (left
+    unacknowledged; acknowledge ``message_id`` to drop it). The official client does not deliver
+    such a message either, but says nothing to the application. ``DISCARD`` acknowledges it and
+    ``CONSUME`` hands it over still encrypted instead, as there.
     """
 
     reason = "encrypted"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import total_ordering
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .protocol import NullPayload, pb
+
+if TYPE_CHECKING:
+    from .crypto import EncryptionContext
 
 
 @total_ordering
@@ -346,6 +349,11 @@ class Message:
         """The transaction the message was produced in (None: outside any, or not known)."""
         return None
 
+    def encryption_context(self) -> EncryptionContext | None:
+        """How the message was encrypted, a :class:`txn.EncryptionContext` (None: it was not), as
+        ``pulsar.Message.encryption_context``."""
+        return getattr(self, "encryption", None)
+
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, id={self.message_id()}, {len(self._data)} bytes)"
 
@@ -355,10 +363,11 @@ class ReceivedMessage(Message):
 
     ``entry`` is ``(ledger, entry, partition, batch_size)``, shared by every message of
     one stored entry; it is also the key the consumer tracks batch acks under. ``batch_index``
-    is the message's index in that entry (-1 when not batched).
+    is the message's index in that entry (-1 when not batched). ``encryption``, set only on an
+    encrypted message, is its :class:`txn.EncryptionContext`.
     """
 
-    __slots__ = ("entry", "batch_index", "_txn", "schema_version")
+    __slots__ = ("entry", "batch_index", "_txn", "schema_version", "encryption")
 
     def __init__(
         self,

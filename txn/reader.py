@@ -12,6 +12,7 @@ import secrets
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.async_consumer import seek_target
 from .context import ClientContext
+from .crypto import MessageDecryptor
 from .message import EARLIEST, LATEST, Message, MessageId
 from .message import more_in_entry as _more_in_entry
 from .partitioned_reader import AsyncPartitionedReader, open_partitioned_reader
@@ -104,13 +105,16 @@ async def create_reader(
     reader_name: str | None = None,
     subscription_role_prefix: str | None = None,
     is_read_compacted: bool = False,
+    decryptor: MessageDecryptor | None = None,
+    crypto_failure_action: int = 0,
 ) -> AsyncReader | AsyncPartitionedReader:
     """Open a reader on ``topic``: an :class:`AsyncReader` on a non-partitioned topic or a single
     partition, an :class:`~txn.partitioned_reader.AsyncPartitionedReader` on a partitioned topic.
 
     As the official client, ``reader_name`` names the consumer, and the (non-durable) subscription
     is ``reader-<10 random hex digits>``, prefixed by ``<subscription_role_prefix>-`` if one is
-    given. ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`)."""
+    given. ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`);
+    ``decryptor`` and ``crypto_failure_action`` as in :class:`~txn.consumer.ConsumerConfig`."""
     name = str(parse_topic(topic))
     partitioned = await ctx.pool.partitions(name) > 0
     subscription = f"reader-{secrets.token_hex(5)}"
@@ -126,6 +130,8 @@ async def create_reader(
         durable=False,
         start_message_id=start_message_id,
         start_message_id_inclusive=start_message_id_inclusive,
+        decryptor=decryptor,
+        crypto_failure_action=crypto_failure_action,
     )
     if partitioned:
         return await open_partitioned_reader(ctx, name, conf)

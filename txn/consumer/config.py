@@ -77,3 +77,7 @@ class ConsumerConfig:
     max_pending_chunked_message: int = 10
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
     expire_time_of_incomplete_chunked_message_ms: int = 60000
+    #: end-to-end encryption: a :class:`txn.crypto.MessageDecryptor` (None: no key reader), and what to do
+    #: with a message that cannot be decrypted (a :class:`txn.crypto.ConsumerCryptoFailureAction` value)
+    decryptor: Any = None
+    crypto_failure_action: int = 0

@@ -7,7 +7,9 @@ from typing import Any
 
 from ..connection import Connection, command
 from ..context import ClientContext
+from ..crypto import ConsumerCryptoFailureAction, EncryptionContext
 from ..errors import (
+    AlreadyClosed,
     ChecksumMismatch,
     ConnectError,
     CorruptMessage,
@@ -126,17 +128,24 @@ class MessageFlow:
         if meta.HasField("marker_type"):
             self._skip(charged)
             return
+        body = frame.payload or b""
+        encryption: EncryptionContext | None = None
         if len(meta.encryption_keys):
-            self._reject(EncryptedMessage, "encrypted payload (txn cannot decrypt it)", mid, charged)
-            return
+            opened = self._decrypt(cmd, meta, body, charged)
+            if opened is None:
+                return  # raised, discarded or handed over still encrypted (crypto_failure_action)
+            body, encryption = opened
         if meta.num_chunks_from_msg > 1:
-            self._on_chunk(cmd, meta, frame.payload or b"", charged)
+            self._on_chunk(cmd, meta, body, charged, encryption)
             return
         try:
             if n < 1:
                 raise ProtocolError(f"batch entry declares {n} messages")
-            payload = decompress(meta.compression, frame.payload or b"", meta.uncompressed_size, self.payload_limit)
+            payload = decompress(meta.compression, body, meta.uncompressed_size, self.payload_limit)
             msgs = self._build(cmd, meta, payload, batched, n)
+            if encryption is not None:
+                for m in msgs:
+                    m.encryption = encryption
         except ProtocolError as exc:
             self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
                          f"undecodable payload: {exc.message}", mid, charged)
@@ -151,7 +160,46 @@ class MessageFlow:
         if msgs:
             self.parent.receive_queue.put_many(msgs)
 
-    def _on_chunk(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, charged: int) -> None:
+    def _decrypt(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, body: bytes,
+                 charged: int) -> tuple[bytes, EncryptionContext] | None:
+        """An encrypted entry (a chunk: on its own, as the official producer encrypts each): its
+        payload decrypted and its context; None when it cannot be decrypted (no key reader, or no key
+        of it opens it) and ``crypto_failure_action`` took it: ``FAIL`` queues
+        :class:`EncryptedMessage` in its place (left unacknowledged), ``DISCARD`` acknowledges the
+        entry, ``CONSUME`` queues it as one message still encrypted (a chunk: as ``FAIL``)."""
+        decryptor = self.conf.decryptor
+        plain = None if decryptor is None else decryptor.decrypt(meta, body)
+        if plain is not None:
+            return plain, EncryptionContext(meta, False)
+        mid = cmd.message_id
+        why = "no crypto_key_reader to decrypt it" if decryptor is None else "no key of it could be decrypted"
+        action = self.conf.crypto_failure_action
+        if action == ConsumerCryptoFailureAction.DISCARD:
+            log.warning("discarding an encrypted message of %s (%s:%s): %s", self.topic, mid.ledgerId, mid.entryId,
+                        why)
+            here = MessageId(self.partition, signed64(mid.ledgerId), signed64(mid.entryId), topic=self.topic)
+            try:
+                self.ack_local(here, False)  # type: ignore[attr-defined]  # AckTracker, in TopicConsumer
+            except AlreadyClosed:
+                pass
+            self._skip(charged)
+            return None
+        if action != ConsumerCryptoFailureAction.CONSUME or meta.num_chunks_from_msg > 1:
+            self._reject(EncryptedMessage, f"encrypted payload ({why})", mid, charged)
+            return None
+        msg = self._build(cmd, meta, body, False, 1)[0]
+        msg.encryption = EncryptionContext(meta, True)
+        msgs = self._after_seek([msg]) if self.seek_skip is not None else [msg]
+        if not self.zero_queue:
+            self._skip(charged - len(msgs))
+        elif not msgs and self.zero_requested:
+            self.ask_one()
+        if msgs:
+            self.parent.receive_queue.put_many(msgs)
+        return None
+
+    def _on_chunk(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, charged: int,
+                  encryption: EncryptionContext | None = None) -> None:
         """One chunk of a chunked message (:mod:`.chunks`): kept until its message is complete, which
         is then queued as one message. Each chunk's entry returns its permit now, but the one that
         completes a message (it returns one when taken)."""
@@ -181,6 +229,8 @@ class MessageFlow:
             msg = self._build(cmd, meta, whole, False, 1)[0]
             msg.__class__ = ChunkedMessage
             msg._id = res.message_id  # noqa: SLF001 - a message it built
+            if encryption is not None:
+                msg.encryption = encryption
             if self.seek_skip is not None and not self._after_seek([msg]):
                 msg = None
         if msg is None:

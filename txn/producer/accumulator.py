@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..connection import Connection, command
+from ..crypto import IV_BYTES, TAG_BYTES
 from ..errors import AlreadyClosed, ConnectError, MessageTooBig, PulsarError
 from ..message import MessageId, TxnID
 from ..protocol import NULL_PAYLOAD, CompressionType, compress, encode_entry, encode_payload_frame, pb
@@ -135,6 +136,8 @@ class Accumulator:
         self.check_usable()
         if not self.conf.chunking_enabled:
             self.check_size(content)
+        if self.conf.encryptor is not None:
+            self.conf.encryptor.check()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[MessageId] = loop.create_future()
         if sequence_id is None:
@@ -234,6 +237,8 @@ class Accumulator:
             parts.append(encode_entry(smm, content))
         payload = b"".join(parts)
         self.check_size(payload)
+        if self.conf.encryptor is not None:
+            self.conf.encryptor.check()
         self._flush_batch()
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[MessageId]] = [loop.create_future() for _ in entries]
@@ -285,6 +290,8 @@ class Accumulator:
             meta.compression = int(codec)
             meta.uncompressed_size = len(payload)
             payload = compress(codec, payload)
+        if self.conf.encryptor is not None:
+            payload = self.conf.encryptor.encrypt(meta, payload)
         send = {"producer_id": self.producer_id, "sequence_id": seq, "num_messages": len(futures)}
         if highest != seq:
             send["highest_sequence_id"] = highest
@@ -310,7 +317,8 @@ class Accumulator:
         """``chunking_enabled``: send a message whose (compressed) payload exceeds the broker's
         ``max_message_size`` as chunks, each an entry with the message's sequence id, the uuid
         ``<producer name>-<sequence id>``, its ``chunk_id``, ``num_chunks_from_msg`` and
-        ``total_chunk_msg_size`` (as the official clients); ``fut`` gets the last chunk's receipt,
+        ``total_chunk_msg_size`` (as the official clients; with encryption, each chunk is encrypted on
+        its own, as there); ``fut`` gets the last chunk's receipt,
         as a :class:`~txn.message.ChunkMessageId`. False (nothing sent) if it fits in one entry."""
         codec = self.conf.compression_type
         payload = content if codec == CompressionType.NONE else compress(codec, content)
@@ -328,7 +336,11 @@ class Accumulator:
         meta.uuid = f"{self.producer_name}-{seq}"
         meta.total_chunk_msg_size = len(payload)
         meta.num_chunks_from_msg = meta.chunk_id = 1 << 30  # the widest these fields get, to size the metadata
-        size = limit - meta.ByteSize()
+        encryptor = self.conf.encryptor
+        if encryptor is not None:  # each chunk is encrypted on its own, as the official producer does
+            encryptor.add_keys(meta)
+            meta.encryption_param = bytes(IV_BYTES)
+        size = limit - meta.ByteSize() - (TAG_BYTES if encryptor is not None else 0)
         if size <= 0:
             raise MessageTooBig(f"message metadata of {meta.ByteSize()} bytes leaves no room under the broker's "
                                 f"limit of {limit}", topic=self.topic)
@@ -341,7 +353,10 @@ class Accumulator:
             send["txnid_least_bits"] = txn.least
         for i in range(n):
             meta.chunk_id = i
-            frame = encode_payload_frame(command(T.SEND, **send), meta, payload[i * size:(i + 1) * size])
+            part = payload[i * size:(i + 1) * size]
+            if encryptor is not None:
+                part = encryptor.seal(meta, part)
+            frame = encode_payload_frame(command(T.SEND, **send), meta, part)
             self._queue(_Op(seq, seq, frame, [fut] if i == n - 1 else [], False, time.monotonic(), txn, received))
         return True
 

@@ -80,6 +80,8 @@ class ProducerConfig:
     schema: Any = None
     #: ``message_router(message, num_partitions) -> partition index``, for every message (keyed or not)
     message_router: Callable[[Any, int], int] | None = None
+    #: end-to-end encryption: a :class:`txn.crypto.MessageEncryptor` (None: messages are sent as they are)
+    encryptor: Any = None
 
 
 def _kv(props: dict[str, str] | None) -> list[pb.KeyValue]:

@@ -102,6 +102,8 @@ class Sender:
             wire_schema = schema_to_pb(self.conf.schema)
             if wire_schema is not None:
                 fields["schema"] = wire_schema
+        if self.conf.encryptor is not None:
+            fields["encrypted"] = True
         if self.producer_name:
             fields["producer_name"] = self.producer_name
             fields["user_provided_producer_name"] = self._user_named
