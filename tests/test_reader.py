@@ -155,3 +155,23 @@ def test_a_reader_resubscribed_inside_a_batch_goes_on_after_the_last_message_rea
         assert _read_all(r) == [b"m2", b"m3", b"m4"]
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("entry", [-1, 2**64 - 1], ids=["signed", "wire"])
+def test_a_start_before_a_ledgers_first_entry_reads_the_whole_ledger(client, topic, entry):
+    """A start id of entry -1 of a ledger (as the Spark runtime plans "before the first entry", and as
+    it writes it on the wire: 2^64-1) hands out every message of the ledger, batched or not."""
+    ids = _produce(client, topic, 4)
+    _produce(client, topic, 3, batching=True)
+    r = client.create_reader(topic, txn.MessageId(ledger_id=ids[0].ledger_id(), entry_id=entry))
+    try:
+        got = [r.read_next(5000).data() for _ in range(7)]
+        assert got == [f"m{i}".encode() for i in range(4)] + [f"m{i}".encode() for i in range(3)]
+        assert r.has_message_available() is False
+    finally:
+        r.close()
+    r = client.create_reader(topic, txn.MessageId(ledger_id=ids[0].ledger_id(), entry_id=entry))
+    try:
+        assert r.has_message_available() is True
+    finally:
+        r.close()

@@ -13,7 +13,7 @@ from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPositi
 from .consumer.async_consumer import seek_target
 from .context import ClientContext
 from .crypto import MessageDecryptor
-from .message import EARLIEST, LATEST, Message, MessageId
+from .message import EARLIEST, LATEST, Message, MessageId, signed64
 from .message import more_in_entry as _more_in_entry
 from .partitioned_reader import AsyncPartitionedReader, open_partitioned_reader
 from .topic import parse_topic
@@ -80,9 +80,10 @@ class AsyncReader:
                 return True
             if start == EARLIEST:
                 return True
-            if (last.ledger_id(), last.entry_id()) > (start.ledger_id(), start.entry_id()):
+            at = (signed64(start.ledger_id()), signed64(start.entry_id()))  # the wire's 2^64-1 is -1
+            if (last.ledger_id(), last.entry_id()) > at:
                 return True
-            if (last.ledger_id(), last.entry_id()) == (start.ledger_id(), start.entry_id()):
+            if (last.ledger_id(), last.entry_id()) == at:
                 # The start is the last entry: only it (inclusive) or the rest of its batch remains.
                 return self._inclusive or _more_in_entry(start, last)
             return False

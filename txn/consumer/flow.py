@@ -71,6 +71,7 @@ class MessageFlow:
     payload_limit: int
     seek_skip: MessageId | None
     seek_inclusive: bool
+    seek_entry_only: bool
     zero_queue: bool
     zero_requested: bool
     zero_permits: int
@@ -241,14 +242,18 @@ class MessageFlow:
         self.parent.receive_queue.put_many([msg])
 
     def _after_seek(self, msgs: list[ReceivedMessage]) -> list[ReceivedMessage]:
-        """Drop the messages before the target of a seek, and the target too unless the seek is inclusive."""
+        """Drop the messages before the target of a seek, and the target too unless the seek is inclusive.
+
+        A reader's start (``seek_entry_only``) drops only within the start's own entry: the broker
+        starts a reader there, or after it, and what it sends from elsewhere is handed out (a start
+        naming an entry the topic no longer holds, or entry -1 of a ledger)."""
         target = self.seek_skip
         assert target is not None
-        pos = (target.ledger_id(), target.entry_id())
+        pos = (signed64(target.ledger_id()), signed64(target.entry_id()))
         index = target.batch_index()
         first = msgs[0].message_id()
         here = (first.ledger_id(), first.entry_id())
-        if here > pos:
+        if here > pos or (here < pos and self.seek_entry_only):
             self.seek_skip = None
             return msgs
         if here < pos:

@@ -76,6 +76,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.resume_inclusive = False  # ... and whether the message there is handed out (after a seek)
         self.seek_skip: MessageId | None = None  # after a seek: skip up to this id
         self.seek_inclusive = False  # ... but not the id itself
+        self.seek_entry_only = False  # a reader's start: skip within the start's entry only
         self.payload_limit = DEFAULT_MAX_MESSAGE_SIZE  # bound on a decompressed entry; set at subscribe
 
     def __hash__(self) -> int:
@@ -128,7 +129,7 @@ class TopicConsumer(MessageFlow, AckTracker):
             # queued that the reader would not hand out.
             special = start.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
             if not special and (not inclusive or start.batch_index() > 0):
-                self.seek_skip, self.seek_inclusive = start, inclusive
+                self.seek_skip, self.seek_inclusive, self.seek_entry_only = start, inclusive, True
         if conf.read_compacted:
             fields["read_compacted"] = True
         if conf.consumer_type == ConsumerType.KeyShared:
@@ -269,7 +270,7 @@ class TopicConsumer(MessageFlow, AckTracker):
             special = target.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
             # Exclusive: skip the target and what precedes it in its batch; inclusive: only what precedes it.
             self.seek_skip = target if not special and (exclusive or target.batch_index() > 0) else None
-            self.seek_inclusive = not exclusive
+            self.seek_inclusive, self.seek_entry_only = not exclusive, False
         else:
             self.seek_skip = None
             fields["message_publish_time"] = target
