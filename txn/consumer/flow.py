@@ -151,6 +151,11 @@ class MessageFlow:
             self._reject(PayloadTooLarge if isinstance(exc, SizeLimitExceeded) else CorruptMessage,
                          f"undecodable payload: {exc.message}", mid, charged)
             return
+        self._hand_out(msgs, charged)
+
+    def _hand_out(self, msgs: list[ReceivedMessage], charged: int) -> None:
+        """Queue an entry's messages (those a seek or a reader's start leaves), returning the permits
+        of the ones not queued."""
         if self.seek_skip is not None and msgs:
             msgs = self._after_seek(msgs)
         # Acknowledged indexes were not charged; compacted-away ones were, and come back here.
@@ -190,13 +195,7 @@ class MessageFlow:
             return None
         msg = self._build(cmd, meta, body, False, 1)[0]
         msg.encryption = EncryptionContext(meta, True)
-        msgs = self._after_seek([msg]) if self.seek_skip is not None else [msg]
-        if not self.zero_queue:
-            self._skip(charged - len(msgs))
-        elif not msgs and self.zero_requested:
-            self.ask_one()
-        if msgs:
-            self.parent.receive_queue.put_many(msgs)
+        self._hand_out([msg], charged)
         return None
 
     def _on_chunk(self, cmd: pb.CommandMessage, meta: pb.MessageMetadata, payload: bytes, charged: int,
