@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,10 +15,11 @@ from typing import Any
 class Output:
     """One message to produce: content, and optionally its topic, properties and key.
 
-    ``topic=None`` means the processor's output topic.
+    ``topic=None`` means the processor's output topic. ``content`` is bytes, sent as they are, or,
+    with an output schema (``ProcessorConfig.output_schema``), a value that schema encodes.
     """
 
-    content: bytes
+    content: Any
     topic: str | None = None
     properties: dict[str, str] | None = None
     partition_key: str | None = None
@@ -46,17 +48,56 @@ def output_size(o: Output) -> int:
     return n
 
 
-def _one(item: Any) -> Output:
+class OutputEncodingError(TypeError):
+    """A handler's output is a value the output schema cannot encode (the batch fails)."""
+
+
+#: Encodes a value by an output schema (``Schema.encode``).
+Encoder = Callable[[Any], bytes]
+
+
+def _encoded(content: Any, encode: Encoder) -> bytes:
+    try:
+        data = encode(content)
+    except Exception as exc:
+        raise OutputEncodingError(f"the output schema cannot encode a {type(content).__name__}: {exc}") from exc
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise OutputEncodingError(f"the output schema encoded a {type(content).__name__} as "
+                                  f"{type(data).__name__}, not bytes")
+    return bytes(data)
+
+
+def _one(item: Any, encode: Encoder | None) -> Output:
     if isinstance(item, (bytes, bytearray, memoryview)):
         return Output(bytes(item))
     if isinstance(item, Output):
-        return item
+        if encode is None or isinstance(item.content, (bytes, bytearray, memoryview)):
+            if not isinstance(item.content, (bytes, bytearray, memoryview)):
+                raise TypeError(f"Output.content is a {type(item.content).__name__}; expected bytes "
+                                "(or set an output schema to encode values)")
+            return item
+        return dataclasses.replace(item, content=_encoded(item.content, encode))
+    if encode is not None:
+        return Output(_encoded(item, encode))
     raise TypeError(f"handler yielded {type(item).__name__}; expected bytes or Output")
 
 
+def _is_many(result: Any, encode: Encoder | None) -> bool:
+    """Whether a handler's result is several outputs (else one). With an output schema only lists,
+    tuples and iterators are: a dict, a str or a record is one value to encode."""
+    if encode is not None:
+        return isinstance(result, (list, tuple, Iterator))
+    return isinstance(result, Iterable)
+
+
 def normalise(result: Any, *, max_outputs: int = MAX_OUTPUTS, max_bytes: int = MAX_OUTPUT_BYTES,
-              deadline: float | None = None) -> list[Output]:
+              deadline: float | None = None, encode: Encoder | None = None) -> list[Output]:
     """Turn a handler's return value (None, bytes, Output or an iterable of those) into Outputs.
+
+    With ``encode`` (an output schema's ``encode``), a value that is not bytes (a record, a dict,
+    a str, or an ``Output`` holding one) is encoded by it; bytes are taken as already encoded.
+    Only lists, tuples and iterators are then several outputs. A value it cannot encode raises
+    :class:`OutputEncodingError`.
 
     Bounded: at most ``max_outputs`` outputs of at most ``max_bytes`` bytes in all (content, key
     and properties), and, with ``deadline`` (a :func:`time.monotonic` time), an iterable is not
@@ -66,12 +107,14 @@ def normalise(result: Any, *, max_outputs: int = MAX_OUTPUTS, max_bytes: int = M
     handler where that does no harm (another thread) and stops waiting for it."""
     if result is None:
         return []
-    if isinstance(result, str):
+    if isinstance(result, str) and encode is None:
         raise TypeError("handler returned str; return bytes (encode it) or txn.delivery.Output")
     if isinstance(result, (bytes, bytearray, memoryview, Output)):
         items: Iterable[Any] = (result,)
-    elif isinstance(result, Iterable):
+    elif _is_many(result, encode):
         items = result
+    elif encode is not None:
+        items = (result,)
     else:
         raise TypeError(f"handler returned {type(result).__name__}; expected None, bytes, Output or an iterable")
     out: list[Output] = []
@@ -80,7 +123,7 @@ def normalise(result: Any, *, max_outputs: int = MAX_OUTPUTS, max_bytes: int = M
         if deadline is not None and time.monotonic() > deadline:
             raise OutputLimitExceeded("deadline", deadline, "the handler's result took too long to produce "
                                       "(past its deadline)")
-        o = _one(item)
+        o = _one(item, encode)
         if len(out) >= max_outputs:
             raise OutputLimitExceeded("max_outputs", max_outputs,
                                       f"the handler returned more than {max_outputs} outputs for one input")

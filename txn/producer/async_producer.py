@@ -131,15 +131,16 @@ class AsyncProducer:
                              f"(0 to {n - 1}); nothing was sent")
         return index
 
-    def check_content(self, content: Any) -> bytes:
+    def check_content(self, content: Any, encoded: bool = False) -> bytes:
         """``content`` as bytes; raises if the producer is closed or ``content`` is not bytes-like.
 
-        ``None`` (not encoded by a schema) is a null-value message, a tombstone: ``NULL_PAYLOAD``."""
+        ``None`` (not encoded by a schema) is a null-value message, a tombstone: ``NULL_PAYLOAD``.
+        ``encoded``: the content is already encoded by the producer's schema."""
         if self._closed:
             raise AlreadyClosed("producer is closed", topic=self._topic)
         if content is None:
             return NULL_PAYLOAD
-        if self.conf.schema is not None:
+        if self.conf.schema is not None and not encoded:
             content = self.conf.schema.encode(content)
         if isinstance(content, str):
             raise TypeError("content must be bytes; encode str payloads first")
@@ -160,6 +161,7 @@ class AsyncProducer:
         txn: AsyncTransaction | None = None,
         deliver_at: int | None = None,
         deliver_after: timedelta | None = None,
+        encoded: bool = False,
     ) -> asyncio.Future[MessageId]:
         """Queue a message; returns a future of its :class:`MessageId`.
 
@@ -168,11 +170,12 @@ class AsyncProducer:
         ``deliver_after`` delay its delivery to Shared and Key_Shared subscriptions. Awaits for
         room in the pending window when ``block_if_queue_full`` is set, otherwise raises
         :class:`ProducerQueueIsFull` when it is full. ``content=None`` is a null-value message
-        (a tombstone), as in the official client.
+        (a tombstone), as in the official client. ``encoded=True``: ``content`` is bytes already
+        encoded by the producer's schema (it is sent as it is, under the schema's version).
         """
         check_send(properties, partition_key, ordering_key, sequence_id, event_timestamp)
         deliver = deliver_time(deliver_at, deliver_after)
-        data = self.check_content(content)
+        data = self.check_content(content, encoded)
         part = self._route(partition_key, self._custom_route(data, properties, partition_key, event_timestamp,
                                                              ordering_key))
         part.check_usable()

@@ -80,6 +80,8 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords, Redo):
         self._seq = 0
         self._consumer: AsyncConsumer | None = None
         self._producers: dict[str, AsyncProducer] = {}
+        #: Producers of parking topics when the outputs have a schema (parked inputs are their bytes).
+        self._raw_producers: dict[str, AsyncProducer] = {}
         self._producer_locks: dict[str, asyncio.Lock] = {}
         self._ledger: AsyncProducer | None = None
         #: Writes the guard's checkpoints (``config.guard_checkpoint_s``), inside batch transactions.
@@ -161,9 +163,10 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords, Redo):
 
     async def _close_partial(self) -> None:
         """Close what a failed start attempt opened (each part on its own; errors are dropped)."""
-        parts: list[Any] = [*self._producers.values(), self._ledger, self._checkpoints, self._consumer, self.fences,
-                            self.guard]
+        parts: list[Any] = [*self._producers.values(), *self._raw_producers.values(), self._ledger,
+                            self._checkpoints, self._consumer, self.fences, self.guard]
         self._producers.clear()
+        self._raw_producers.clear()
         self._ledger = self._consumer = self._checkpoints = None
         self.fences = self.guard = None
         for part in parts:
@@ -185,6 +188,7 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords, Redo):
             consumer_type=c.consumer_type,
             initial_position=c.initial_position,
             receiver_queue_size=c.receiver_queue_size,
+            schema=c.input_schema,
             # Failover gives each partition to the first of the sorted consumer names; one name
             # per instance keeps an instance's share stable while others come and go.
             consumer_name=f"{c.job}-{self.instance}",
@@ -214,19 +218,23 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords, Redo):
                                   record_config=self._record_config)
         await self._producer(self.output)
 
-    async def _producer(self, topic: str) -> AsyncProducer:
-        p = self._producers.get(topic)
+    async def _producer(self, topic: str, raw: bool = False) -> AsyncProducer:
+        """The producer of ``topic``, with the output schema, or without one if ``raw`` (parking)."""
+        c = self.config
+        raw = raw and c.output_schema is not None
+        producers = self._raw_producers if raw else self._producers
+        p = producers.get(topic)
         if p is not None:
             return p
         lock = self._producer_locks.setdefault(topic, asyncio.Lock())
         async with lock:
-            p = self._producers.get(topic)
+            p = producers.get(topic)
             if p is None:
-                c = self.config
                 window = c.max_pending_messages or min(max(1000, 2 * c.batch_max_messages), 50000)
                 p = await self.client.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=1,
-                                                      max_pending_messages=window)
-                self._producers[topic] = p
+                                                      max_pending_messages=window,
+                                                      schema=None if raw else c.output_schema)
+                producers[topic] = p
         return p
 
     async def close(self) -> None:
@@ -238,7 +246,7 @@ class AsyncProcessor(BatchLoop, CommitPipeline, Parking, LedgerRecords, Redo):
             await _discard(task)
         if self.batches is not None:
             await self.batches.drain()
-        for p in [*self._producers.values(), self._ledger, self._checkpoints]:
+        for p in [*self._producers.values(), *self._raw_producers.values(), self._ledger, self._checkpoints]:
             if p is not None:
                 await p.close()
         if self._consumer is not None:

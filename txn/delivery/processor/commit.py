@@ -289,9 +289,14 @@ class CommitPipeline:
     async def _transform(self, msgs: list[Message]) -> list[tuple[Message, list[Output]]]:
         c = self.config
         budget = [c.max_output_bytes_per_batch]  # bytes left for the rest of the batch
+        encode = None if c.output_schema is None else c.output_schema.encode
+        if c.input_schema is not None and self._consumer is not None:
+            for m in msgs:  # the definitions the inputs were written with, so value() decodes by them
+                await self._consumer.learn_writer_schema(m)
 
         def bounded(m: Message, result: Any) -> tuple[Message, list[Output]]:
-            outs = normalise(result, max_outputs=c.max_outputs_per_input, max_bytes=max(budget[0], 0))
+            outs = normalise(result, max_outputs=c.max_outputs_per_input, max_bytes=max(budget[0], 0),
+                             encode=encode)
             budget[0] -= sum(output_size(o) for o in outs)
             return m, outs
 
@@ -325,7 +330,8 @@ class CommitPipeline:
                 topic = o.topic or self.output
                 try:
                     p = await self._producer(topic)
-                    f = await p.send_async(o.content, properties=o.properties, partition_key=o.partition_key, txn=t)
+                    f = await p.send_async(o.content, properties=o.properties, partition_key=o.partition_key, txn=t,
+                                           encoded=True)
                 except _PERMANENT_SEND_ERRORS as exc:
                     raise BatchFailed(exc, m) from exc
                 futs.append((m, f))

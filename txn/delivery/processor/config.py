@@ -86,6 +86,14 @@ class ProcessorConfig:
     #: last error is raised. Authentication, authorization and bad topic names fail at once.
     #: 0: one attempt.
     start_timeout_ms: int = 120_000
+    #: The inputs' schema (a :class:`txn.schema.Schema`): the consumer checks it against the input
+    #: topics' registered schema (``IncompatibleSchema`` at start), and ``message.value()`` in
+    #: the handler decodes by it, by the version each message was written with. A message it cannot
+    #: decode fails its batch (retried, then parked), never dropped. None: ``value()`` is the bytes.
+    input_schema: Any = None
+    #: The outputs' schema: the output producers register it, and a handler may return values
+    #: it encodes (records, dicts, str) besides bytes, which are sent as they are.
+    output_schema: Any = None
     #: Hold a message until the one it must follow committed (see ``ordering``); None: off.
     ordering: OrderingGuard | None = None
     #: Serve Prometheus metrics while running (see ``metrics``); None: off.

@@ -80,7 +80,7 @@ class Parking:
             t = bt.t
             try:
                 await self._mark(bt, [m.topic_name()])
-                p = await self._producer(parked_topic)
+                p = await self._producer(parked_topic, raw=True)
                 # Keep the event time: a replay hands the transform the message as it first saw it.
                 await p.send_async(m.data(), properties=props, partition_key=m.partition_key() or None,
                                    event_timestamp=m.event_timestamp() or None, txn=t)
@@ -148,7 +148,7 @@ class Parking:
             bt = await self.batches.open(batch_id, 0, started_at_ms=started)
             t = bt.t
             await self._mark(bt, [topic], take_over=True)
-            p = await self._producer(parked_topic)
+            p = await self._producer(parked_topic, raw=True)
             sent = await p.send_async(b"", properties=props, txn=t)
             await self._consumer.acknowledge(mid, t)
             receipt = await bt.write(Kind.PARKED, inputs={topic: [str(mid)]}, outputs={parked_topic: 1},
