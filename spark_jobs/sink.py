@@ -190,6 +190,7 @@ from .sink_runtime import (
     write_ledger,
     write_partition,
 )
+from .value_schema import TopicValueSchema, ValueSchemaError, registry_get
 
 __all__ = [
     "FORMAT",
@@ -219,7 +220,7 @@ _FALSE = ("false", "0", "no", "off")
 
 #: Every option the sink reads, as users write them (``checkpointLocation`` is Spark's own).
 SINK_OPTIONS = ("service_url", "admin_url", "topic", "ledger_topic", "job", "txn_timeout_ms", "deterministic_order",
-                "batch_max_rows", "batch_max_bytes", "query_id", "batch_id", "extraColumns", "writer",
+                "batch_max_rows", "batch_max_bytes", "query_id", "batch_id", "extraColumns", "writer", "encodeValue",
                 "checkpointLocation", *SECURITY_OPTIONS)
 
 
@@ -245,6 +246,9 @@ class SinkOptions:
     extra_columns: str = "error"
     #: The task-side write path: ``arrow`` (Arrow record batches) or ``rows`` (PySpark rows).
     writer: str = "arrow"
+    #: ``encodeValue=true``: the topic's registered schema, which encodes the ``value`` column
+    #: (:mod:`spark_jobs.value_schema`); None: ``value`` is the payload's bytes or text.
+    value_schema: TopicValueSchema | None = None
 
     @property
     def conn(self) -> BrokerSettings | str:
@@ -299,6 +303,9 @@ class SinkOptions:
         query_id = o.get("query_id") or None
         if batch_id is not None and not query_id:
             raise SinkError("option batch_id needs option query_id")
+        value_schema = None
+        if str(o.get("encodevalue", "false")).strip().lower() in _TRUE:
+            value_schema = _registered_schema(topic, settings)
         limits = {}
         for name, default in (("batch_max_rows", BATCH_MAX_ROWS), ("batch_max_bytes", BATCH_MAX_BYTES)):
             try:
@@ -321,6 +328,7 @@ class SinkOptions:
             settings=settings,
             extra_columns=extra_columns,
             writer=writer,
+            value_schema=value_schema,
             **limits,
         )
 
@@ -338,6 +346,21 @@ class SinkOptions:
             f"query_id (a stable name; change it when the checkpoint is reset). checkpointLocation="
             f"{self.checkpoint_location!r}"
         )
+
+
+def _registered_schema(topic: str | None, settings: BrokerSettings) -> TopicValueSchema:
+    """The schema ``encodeValue`` writes with: ``topic``'s, from the broker's registry."""
+    if topic is None or not settings.admin_url:
+        raise SinkError("option encodeValue needs options topic and admin_url (the topic's schema is read from the "
+                        "broker's schema registry)")
+    try:
+        got = registry_get(settings.admin_url, topic, settings.admin_kwargs())
+        if got is None:
+            raise SinkError(f"encodeValue: {topic} has no schema in the broker's registry (register one, e.g. by "
+                            "producing to it with a schema, or write bytes with encodeValue=false)")
+        return TopicValueSchema.from_registry(topic, got)
+    except (ValueSchemaError, RuntimeError) as exc:
+        raise SinkError(f"encodeValue: {exc}") from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -370,7 +393,16 @@ def _check_schema(schema: StructType, opts: SinkOptions) -> _Columns:
             raise ExtraColumnsError(extra)
         log.warning("pulsar-txn sink: extraColumns=ignore, columns not written: %s", extra)
     v = fields.get("value")
-    if v is None or not isinstance(v.dataType, (BinaryType, StringType)):
+    vs = opts.value_schema
+    if vs is not None:
+        want = vs.spark_type()
+        if v is None or (vs.kind == "STRING" and not isinstance(v.dataType, StringType)) or (
+                vs.kind != "STRING" and not isinstance(v.dataType, StructType)):
+            raise SinkError(f"encodeValue: {opts.topic} has a {vs.kind} schema; the 'value' column must be "
+                            f"{want.simpleString()}")
+        if "topic" in fields:
+            raise SinkError("encodeValue writes to option topic only; drop the 'topic' column")
+    elif v is None or not isinstance(v.dataType, (BinaryType, StringType)):
         raise SinkError("the pulsar-txn sink needs a 'value' column of type binary or string")
     k = fields.get("key")
     if k is not None and not isinstance(k.dataType, (BinaryType, StringType)):
@@ -455,7 +487,7 @@ class _WriterBase:
             default_topic=o.topic, lease_topic=o.ledger_topic, partition_id=partition_id, attempt=attempt,
             deterministic_order=o.deterministic_order, has_key=self.cols.has_key, has_topic=self.cols.has_topic,
             has_props=self.cols.has_props, batch_max_rows=o.batch_max_rows, batch_max_bytes=o.batch_max_bytes,
-            has_event_time=self.cols.has_event_time, settings=o.settings,
+            has_event_time=self.cols.has_event_time, settings=o.settings, value_schema=o.value_schema,
         )
         res = run(write_partition(plan, iterator, getattr(self, "_after_send", None), self._ARROW))
         log.info("pulsar-txn task p%d attempt %d: %d rows into %s (%d already stored) in %.2fs", partition_id,

@@ -36,6 +36,8 @@ from txn.producer import AsyncProducer, java_string_hash
 from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
+from .value_schema import TopicValueSchema
+
 log = logging.getLogger("spark_jobs.sink")
 
 #: Ledger of the receipt id the broker returns for a message it dropped as a duplicate (-1 on the
@@ -501,6 +503,8 @@ class TaskPlan:
     has_event_time: bool = False
     #: Credentials and TLS (None: connect to ``service_url`` without them).
     settings: BrokerSettings | None = None
+    #: ``encodeValue``: the topic's schema; values are encoded by it and produced under its version.
+    value_schema: TopicValueSchema | None = None
 
     @property
     def producer_name(self) -> str:
@@ -521,10 +525,25 @@ class TaskResult:
 SendHook = Callable[[int, "asyncio.Future[MessageId]"], Awaitable[None]]
 
 
+def _encoder(plan: TaskPlan) -> Callable[[Any], Any]:
+    """The ``value`` cell -> payload: by the topic's schema with ``encodeValue``, else unchanged."""
+    vs = plan.value_schema
+    if vs is None:
+        return lambda v: v
+    encode = vs.encoder()
+
+    def encode_cell(value: Any) -> Any:
+        return None if value is None else encode(value)
+    return encode_cell
+
+
 def _row_stream(rows: Iterable[Any], plan: TaskPlan, default: str | None) -> Iterator[OutRow]:
     """Spark ``Row`` objects -> :class:`OutRow` (the row writer)."""
+    encode = _encoder(plan)
     for r in rows:
-        yield normalise(r, default, plan.has_key, plan.has_topic, plan.has_props, plan.has_event_time)
+        yield make_row(encode(r["value"]), r["key"] if plan.has_key else None, r["topic"] if plan.has_topic else None,
+                       r["properties"] if plan.has_props else None,
+                       _event_ms(r["event_time"]) if plan.has_event_time else None, default)
 
 
 _TS_DIV = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}  # unit -> divisor to ms (negative: multiply)
@@ -546,12 +565,13 @@ def _event_ms_column(arr: Any) -> list[int | None]:
 def _arrow_stream(batches: Iterable[Any], plan: TaskPlan, default: str | None) -> Iterator[OutRow]:
     """Arrow ``RecordBatch`` objects -> :class:`OutRow` (the Arrow writer): columns are read whole,
     then each row goes through the same :func:`make_row` as the row writer's."""
+    encode = _encoder(plan)
     for batch in batches:
         n = batch.num_rows
         if n == 0:
             continue
         nones: list[Any] = [None] * n
-        values = batch.column("value").to_pylist()
+        values = [encode(v) for v in batch.column("value").to_pylist()]
         keys = batch.column("key").to_pylist() if plan.has_key else nones
         topics = batch.column("topic").to_pylist() if plan.has_topic else nones
         props = batch.column("properties").to_pylist() if plan.has_props else nones
@@ -594,7 +614,7 @@ async def _pull(rows: Iterable[Any], plan: TaskPlan, arrow: bool = False) -> Asy
 
 
 async def _acquire(client: AsyncClient, topic: str, name: str, deadline: float,
-                   send_timeout_ms: int = 30000, window: int = 1000) -> AsyncProducer:
+                   send_timeout_ms: int = 30000, window: int = 1000, schema: Any = None) -> AsyncProducer:
     """Create the named producer, waiting while another attempt of this task still holds the name.
 
     It does not batch by itself: the sink sends its own deterministic batches.
@@ -603,7 +623,7 @@ async def _acquire(client: AsyncClient, topic: str, name: str, deadline: float,
         try:
             return await client.create_producer(
                 topic, producer_name=name, batching_enabled=False, block_if_queue_full=True,
-                max_pending_messages=window, send_timeout_millis=send_timeout_ms,
+                max_pending_messages=window, send_timeout_millis=send_timeout_ms, schema=schema,
             )
         except (ProducerBusy, Timeout) as exc:
             if time.monotonic() >= deadline:
@@ -653,6 +673,7 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
         rr: dict[str, int] = {}
         counts: dict[str, int] = {}
         open_: dict[str, _OpenBatch] = {}
+        registered = None if plan.value_schema is None else plan.value_schema.txn_schema()
         sent_batches: list[list[asyncio.Future[MessageId]]] = []
 
         async def send(dest: str, b: _OpenBatch) -> None:
@@ -662,11 +683,11 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
             if max_rows == 1:
                 r = b.rows[0]
                 sent = [await p.send_async(r.value, properties=dict(r.properties) or None, partition_key=r.key,
-                                           event_timestamp=r.event_time, sequence_id=first, txn=t)]
+                                           event_timestamp=r.event_time, sequence_id=first, txn=t, encoded=True)]
             else:
                 sent = await p.send_batch_async(
                     [(r.value, dict(r.properties) if r.properties else None, r.key, r.event_time) for r in b.rows],
-                    first, txn=t)
+                    first, txn=t, encoded=True)
             sent_batches.append(sent)
             if hook is not None:
                 for i, fut in zip(b.indexes, sent, strict=True):
@@ -697,7 +718,7 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
                         # does not hold back a speculative copy.
                         lease = await _acquire(client, plan.lease_topic, f"{name}-lease", deadline)
                     producers[dest] = await _acquire(client, dest, name, deadline, plan.txn_timeout_ms,
-                                                     max(1000, 4 * max_rows))
+                                                     max(1000, 4 * max_rows), registered)
                     b = open_[dest] = _OpenBatch()
                 size = row.batch_bytes()
                 if b.rows and b.size + size > max_bytes:

@@ -80,6 +80,7 @@ map<string,string>.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -87,7 +88,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,7 @@ from .options import (
     resolve_aliases,
 )
 from .subscription import SUBSCRIPTION_KEY, check_subscription_name, new_subscription_name, split_offset
+from .value_schema import TopicValueSchema, ValueSchemaError, registry_get
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -178,6 +180,10 @@ class SourceOptions:
     #: Every connection option (URLs, any credentials, TLS) as one settings object; when set, the
     #: clients and admin calls use it.
     broker: BrokerSettings | None = None
+    #: ``decodeValue``: the ``value`` column decoded by the topics' registered schema
+    #: (:mod:`spark_jobs.value_schema`); ``value_schema`` is that schema, fetched when planning.
+    decode_value: bool = False
+    value_schema: TopicValueSchema | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SourceOptions:
@@ -223,6 +229,10 @@ class SourceOptions:
                      if "partitiondiscoveryintervalms" in o else 10000)
         insecure = _bool(o.get("tlsallowinsecureconnection", "false"), "tlsAllowInsecureConnection")
         validate_hostname = _bool(o.get("tlsvalidatehostname", "false"), "tlsValidateHostname")
+        decode_value = _bool(o.get("decodevalue", "false"), "decodeValue")
+        if decode_value and not admin_url:
+            raise ValueError("decodeValue needs the option admin_url (the topics' schemas are read from the "
+                             "broker's schema registry)")
         subscription = None
         for key, option in (("subscription", "subscription"), ("predefinedsubscription", "predefinedSubscription")):
             if key in o:
@@ -248,6 +258,7 @@ class SourceOptions:
             subscription=subscription,
             fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),
             broker=broker_settings(o, "pulsar source"),
+            decode_value=decode_value,
         )
 
     def client_kwargs(self) -> dict[str, Any]:
@@ -284,7 +295,7 @@ class SourceOptions:
 #: Every option the source reads, as users write them (aliases are folded in first).
 SOURCE_OPTIONS = ("service_url", "admin_url", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
                   "maxMessagesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs", "subscription",
-                  "predefinedSubscription", "failOnDataLoss", *SECURITY_OPTIONS)
+                  "predefinedSubscription", "failOnDataLoss", "decodeValue", *SECURITY_OPTIONS)
 
 SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
     **CONNECTION_ALIASES,
@@ -624,13 +635,13 @@ def _reached(pos: Position, batch_size: int, end: Position) -> bool:
 # ------------------------------------------------------------------------- reading
 
 
-def _arrow_schema() -> Any:
+def _arrow_schema(vs: TopicValueSchema | None = None) -> Any:
     import pyarrow as pa
 
     ts = pa.timestamp("us", tz="UTC")
     return pa.schema([
         ("key", pa.binary()),
-        ("value", pa.binary()),
+        ("value", pa.binary() if vs is None else vs.arrow_type()),
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("message_id", pa.string()),
@@ -732,7 +743,8 @@ def read_partition(opts: SourceOptions, part: PulsarInputPartition | None) -> It
     start, end = _stored(part.start, part.name), _stored(part.end, part.name)
     if pos_key(start) >= pos_key(end):
         return
-    schema = _arrow_schema()
+    schema = _arrow_schema(opts.value_schema)
+    decode = None if opts.value_schema is None else _value_decoder(opts, part.topic)
     conn = _Pulsar(opts)
     try:
         reader = conn.run(_open_checked(conn.client, opts, part, start, end))
@@ -741,12 +753,67 @@ def read_partition(opts: SourceOptions, part: PulsarInputPartition | None) -> It
             msgs: list[txn.Message] = []
             at, done, _ = conn.run(_take(reader, part.name, at, end, _ROWS_PER_BATCH, opts.poll_timeout_ms, msgs))
             if msgs:
-                yield _to_arrow(msgs, part, schema)
+                yield _to_arrow(msgs, part, schema, decode)
     finally:
         conn.close()
 
 
-def _to_arrow(msgs: list[txn.Message], part: PulsarInputPartition, schema: Any) -> Any:
+def _value_decoder(opts: SourceOptions, topic: str) -> Callable[[txn.Message], Any]:
+    """``decode(message)`` -> the ``value`` cell, by the planned schema (``decodeValue``); a message
+    that does not decode raises :class:`ValueSchemaError` naming it (the task fails: nothing is skipped)."""
+    vs = opts.value_schema
+    assert vs is not None
+
+    def writer_definition(version: int) -> str | None:
+        got = _registry_get(opts, topic, version)
+        return None if got is None else str(got.get("data", ""))
+
+    decode = vs.decoder(writer_definition)
+
+    def decode_message(m: txn.Message) -> Any:
+        if m.has_null_value():
+            return None
+        try:
+            return decode(m.data(), _schema_version(m))
+        except ValueSchemaError as exc:
+            raise ValueSchemaError(f"pulsar source: message {m.message_id()} of {topic} does not decode by the "
+                                   f"topic's {vs.kind} schema (decodeValue=true): {exc}") from None
+    return decode_message
+
+
+def _schema_version(m: txn.Message) -> bytes | None:
+    return getattr(m, "raw_schema_version", None)  # the metadata's version bytes, None without a schema
+
+
+def _registry_get(opts: SourceOptions, topic: str, version: int | None = None) -> dict[str, Any] | None:
+    """The registry's answer for ``topic``'s schema (latest, or ``version``); None if it has none."""
+    assert opts.admin_url
+    return registry_get(opts.admin_url, topic, opts.settings().admin_kwargs(), version)
+
+
+def plan_value_schema(opts: SourceOptions, topics: list[str]) -> TopicValueSchema:
+    """The one registered schema of ``topics`` (``decodeValue``); :class:`ValueSchemaError` if one has
+    none, its type is not handled, or two differ."""
+    found: TopicValueSchema | None = None
+    first = ""
+    for topic in sorted(set(topics)):
+        got = _registry_get(opts, topic)
+        if got is None:
+            raise ValueSchemaError(f"decodeValue: {topic} has no schema in the broker's registry (produce to it with "
+                                   "a schema first, or read the bytes with decodeValue=false)")
+        vs = TopicValueSchema.from_registry(topic, got)
+        if found is None:
+            found, first = vs, topic
+        elif not found.same_as(vs):
+            raise ValueSchemaError(f"decodeValue: {first} and {topic} have different schemas; one value column "
+                                   "needs one schema (read them in separate queries)")
+    if found is None:
+        raise ValueSchemaError("decodeValue: the query matches no topic")
+    return found
+
+
+def _to_arrow(msgs: list[txn.Message], part: PulsarInputPartition, schema: Any,
+              decode: Callable[[txn.Message], Any] | None = None) -> Any:
     import pyarrow as pa
 
     cols: list[list[Any]] = [[] for _ in range(len(schema))]
@@ -758,7 +825,7 @@ def _to_arrow(msgs: list[txn.Message], part: PulsarInputPartition, schema: Any) 
         k = m.partition_key() if m.has_partition_key() else None  # partition_key() is "" for none
         et = m.event_timestamp()
         key.append(k.encode() if k is not None else None)
-        value.append(m.data())
+        value.append(m.data() if decode is None else decode(m))
         mid_s.append(str(full))
         mid_b.append(full.serialize())
         publish.append(m.publish_timestamp() * 1000)
@@ -983,16 +1050,38 @@ class PulsarDataSource(DataSource):
     def name(cls) -> str:
         return "pulsar"
 
+    def _planned(self) -> SourceOptions:
+        """The options with the topics' value schema fetched (``decodeValue``; once per instance)."""
+        opts = self.parsed
+        if opts.decode_value and opts.value_schema is None:
+            conn = _Pulsar(opts)
+            try:
+                topics = [tp.topic for tp in conn.resolve()]
+            finally:
+                conn.close()
+            opts = self.parsed = dataclasses.replace(opts, value_schema=plan_value_schema(opts, topics))
+        return opts
+
     def schema(self) -> StructType:
-        return SCHEMA
+        vs = self._planned().value_schema
+        if vs is None:
+            return SCHEMA
+        return StructType([StructField("value", vs.spark_type()) if f.name == "value" else f for f in SCHEMA.fields])
+
+    def _checked(self, schema: StructType) -> SourceOptions:
+        opts = self._planned()
+        if opts.value_schema is not None and schema["value"].dataType != opts.value_schema.spark_type():
+            raise ValueSchemaError("decodeValue: the topics' schema changed since the query was planned; "
+                                   "plan the query again")
+        return opts
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return PulsarBatchReader(self.parsed)
+        return PulsarBatchReader(self._checked(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self.parsed.ending is not None:
             raise ValueError("endingOffsets is for batch queries only; a streaming query reads on and on")
-        return PulsarStreamReader(self.parsed)
+        return PulsarStreamReader(self._checked(schema))
 
 
 __all__ = ["SCHEMA", "PulsarDataLossError", "PulsarDataSource", "PulsarInputPartition", "SourceOptions",

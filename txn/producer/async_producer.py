@@ -210,6 +210,7 @@ class AsyncProducer:
         entries: Sequence[BatchEntry],
         first_sequence_id: int,
         txn: AsyncTransaction | None = None,
+        encoded: bool = False,
     ) -> list[asyncio.Future[MessageId]]:
         """Send ``entries`` — ``(content, properties, partition_key[, event_time_ms])`` each — as one batch message.
 
@@ -226,7 +227,7 @@ class AsyncProducer:
         """
         if not entries:
             raise ValueError("a batch needs at least one message")
-        data: list[BatchEntry] = [(self.check_content(e[0]), *e[1:]) for e in entries]  # type: ignore[misc]
+        data: list[BatchEntry] = [(self.check_content(e[0], encoded), *e[1:]) for e in entries]  # type: ignore[misc]
         first = data[0]
         part = self._route(first[2], self._custom_route(first[0], first[1], first[2],
                                                         first[3] if len(first) > 3 else None, None))  # type: ignore[misc]

@@ -283,7 +283,9 @@ class Redo:
         """The messages of ``topic`` with these (ledger, entry, batch index) positions, while stored."""
         first, last = min(ids), max(ids)
         start = MessageId(ledger_id=first[0], entry_id=first[1])
-        reader = await self.client.create_reader(topic, start, start_message_id_inclusive=True)
+        # The input schema, so that the handler's ``value()`` decodes as in the original batch.
+        reader = await self.client.create_reader(topic, start, start_message_id_inclusive=True,
+                                                 schema=self.config.input_schema)  # type: ignore[attr-defined]
         found: list[Message] = []
         deadline = time.monotonic() + 30
         try:
