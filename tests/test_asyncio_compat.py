@@ -42,7 +42,6 @@ NOT_API = {"Any", "Callable", "List", "Union", "timedelta", "asyncio", "functool
 #: ``txn`` does not implement: they raise ``TypeError`` naming the keyword. Each with its reason.
 ACCEPTED_GAPS = {
     ("subscribe", "replicate_subscription_state_enabled", True): "no geo-replication options",
-    ("create_reader", "schema", txn.schema.StringSchema()): "no schema on readers yet",
 }
 
 

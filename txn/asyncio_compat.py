@@ -14,7 +14,7 @@ the official one:
 - ``Client.shutdown()`` is a plain call; ``Consumer.receive()`` takes no timeout; closing a
   producer or client twice raises ``AlreadyClosed``; ``negative_acknowledge`` and
   ``redeliver_unacknowledged_messages`` on a closed consumer do nothing;
-- options ``txn`` does not implement (replication options, a schema on readers)
+- options ``txn`` does not implement (replication options)
   raise ``TypeError`` naming the keyword when given; the tuning knobs without an effect here
   (``broker_consumer_stats_cache_time_ms``, ``batch_index_ack_enabled``,
   ``lazy_start_partitioned_producers``) are accepted and ignored.
@@ -43,7 +43,7 @@ from .message import Message, MessageId
 from .producer import AsyncProducer, BatchingType, PartitionsRoutingMode, ProducerAccessMode
 from .protocol import CompressionType
 from .reader import AsyncReader
-from .schema import BytesSchema, Schema
+from .schema import Schema
 
 __all__ = [
     "BatchingType",
@@ -481,14 +481,13 @@ class Client:
         crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
     ) -> Reader:
         """Read ``topic`` (one topic or partition) from ``start_message_id`` (``MessageId.earliest``,
-        ``MessageId.latest`` or an id). A schema other than bytes is not supported yet."""
-        _unsupported(schema=None if schema is None or isinstance(schema, BytesSchema) else schema)
+        ``MessageId.latest`` or an id); ``schema`` decodes ``value()`` and is checked with the topic's."""
         self._check()
         reader = await self._client.create_reader(
             topic, start_message_id, start_message_id_inclusive=start_message_id_inclusive,
             receiver_queue_size=receiver_queue_size, reader_name=reader_name,
             subscription_role_prefix=subscription_role_prefix, is_read_compacted=is_read_compacted,
-            crypto_key_reader=crypto_key_reader, crypto_failure_action=crypto_failure_action,
+            crypto_key_reader=crypto_key_reader, crypto_failure_action=crypto_failure_action, schema=schema,
         )
         return Reader(reader, self._state)
 

@@ -428,13 +428,16 @@ class AsyncClient:
         is_read_compacted: bool = False,
         crypto_key_reader: CryptoKeyReader | None = None,
         crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
+        schema: Schema | None = None,
     ) -> AsyncReader | AsyncPartitionedReader:
         """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id); on a
         partitioned topic, every partition (an :class:`~txn.partitioned_reader.AsyncPartitionedReader`).
 
         ``reader_name`` is the consumer's name; the subscription is ``reader-<random>``, after
         ``<subscription_role_prefix>-`` if given. ``is_read_compacted`` reads the compacted view.
-        ``crypto_key_reader`` and ``crypto_failure_action`` as in :meth:`subscribe`."""
+        ``crypto_key_reader`` and ``crypto_failure_action`` as in :meth:`subscribe`. ``schema`` as
+        there: checked with the topic's when the reader subscribes (:class:`~txn.IncompatibleSchema`),
+        ``Message.value()`` decodes by it (not a :class:`~txn.schema.Schema`: ``ValueError``)."""
         self._check()
         check_type(str, topic, "topic")
         check_type(MessageId, start_message_id, "start_message_id")
@@ -443,10 +446,11 @@ class AsyncClient:
         check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
         check_type(bool, is_read_compacted, "is_read_compacted")
         check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+        checked_schema = _no_bytes(schema)
         decryptor = consumer_decryptor(crypto_key_reader, crypto_failure_action)
         return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
                                    reader_name, subscription_role_prefix, is_read_compacted, decryptor,
-                                   int(crypto_failure_action))
+                                   int(crypto_failure_action), checked_schema)
 
     async def create_table_view(self, topic: str, subscription_name: str | None = None,
                                 schema: Schema = BytesSchema()) -> AsyncTableView:

@@ -294,8 +294,16 @@ class Message:
         schema = getattr(getattr(self.consumer, "conf", None), "schema", None)
         if schema is None:
             return self._data
-        version = getattr(self, "schema_version", None)
+        version = getattr(self, "raw_schema_version", None)
         return schema.decode(self._data) if version is None else schema.decode_version(self._data, self._topic, version)
+
+    def schema_version(self) -> str:
+        """The version of the topic's schema the message was written with, as ``pulsar.Message.schema_version``:
+        the broker's 8 version bytes as a ``str`` (``"\x00" * 8`` for the first), ``""`` for a message
+        written without a schema. Bytes above 0x7f come back as surrogate escapes
+        (``.encode("utf-8", "surrogateescape")`` gives the wire bytes back)."""
+        version = getattr(self, "raw_schema_version", None)
+        return "" if version is None else version.decode("utf-8", "surrogateescape")
 
     def properties(self) -> dict[str, str]:
         """Application properties."""
@@ -364,10 +372,11 @@ class ReceivedMessage(Message):
     ``entry`` is ``(ledger, entry, partition, batch_size)``, shared by every message of
     one stored entry; it is also the key the consumer tracks batch acks under. ``batch_index``
     is the message's index in that entry (-1 when not batched). ``encryption``, set only on an
-    encrypted message, is its :class:`txn.EncryptionContext`.
+    encrypted message, is its :class:`txn.EncryptionContext`; ``raw_schema_version``, set only on a
+    message written with a schema, is the metadata's version bytes (see :meth:`schema_version`).
     """
 
-    __slots__ = ("entry", "batch_index", "_txn", "schema_version", "encryption")
+    __slots__ = ("entry", "batch_index", "_txn", "raw_schema_version", "encryption")
 
     def __init__(
         self,

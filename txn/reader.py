@@ -16,6 +16,7 @@ from .crypto import MessageDecryptor
 from .message import EARLIEST, LATEST, Message, MessageId, signed64
 from .message import more_in_entry as _more_in_entry
 from .partitioned_reader import AsyncPartitionedReader, open_partitioned_reader
+from .schema import Schema
 from .topic import parse_topic
 
 
@@ -108,6 +109,7 @@ async def create_reader(
     is_read_compacted: bool = False,
     decryptor: MessageDecryptor | None = None,
     crypto_failure_action: int = 0,
+    schema: Schema | None = None,
 ) -> AsyncReader | AsyncPartitionedReader:
     """Open a reader on ``topic``: an :class:`AsyncReader` on a non-partitioned topic or a single
     partition, an :class:`~txn.partitioned_reader.AsyncPartitionedReader` on a partitioned topic.
@@ -115,7 +117,8 @@ async def create_reader(
     As the official client, ``reader_name`` names the consumer, and the (non-durable) subscription
     is ``reader-<10 random hex digits>``, prefixed by ``<subscription_role_prefix>-`` if one is
     given. ``ctx`` is the context of the client that opens it (:meth:`AsyncClient.create_reader`);
-    ``decryptor`` and ``crypto_failure_action`` as in :class:`~txn.consumer.ConsumerConfig`."""
+    ``decryptor``, ``crypto_failure_action`` and ``schema`` (None for bytes) as in
+    :class:`~txn.consumer.ConsumerConfig`."""
     name = str(parse_topic(topic))
     partitioned = await ctx.pool.partitions(name) > 0
     subscription = f"reader-{secrets.token_hex(5)}"
@@ -133,6 +136,7 @@ async def create_reader(
         start_message_id_inclusive=start_message_id_inclusive,
         decryptor=decryptor,
         crypto_failure_action=crypto_failure_action,
+        schema=schema,
     )
     if partitioned:
         return await open_partitioned_reader(ctx, name, conf)

@@ -577,7 +577,8 @@ class Client:
 
     def create_reader(self, topic: str, start_message_id: MessageId, start_message_id_inclusive: bool = False,
                       **kwargs: Any) -> Reader:
-        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or a message id)."""
+        """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or a message id);
+        the keywords of :meth:`AsyncClient.create_reader`, ``schema=`` among them."""
         self._check()
         return Reader(
             self._lt.run(self._inner.create_reader(topic, start_message_id, start_message_id_inclusive, **kwargs)),

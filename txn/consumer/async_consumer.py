@@ -416,7 +416,7 @@ class AsyncConsumer:
 
     async def learn_writer_schema(self, msg: Message) -> None:
         """Fetch (once) the definition ``msg`` was written with, so that ``value()`` decodes by it."""
-        version = getattr(msg, "schema_version", None)
+        version = getattr(msg, "raw_schema_version", None)
         sub = msg.consumer
         schema = self.conf.schema
         if version is None or not isinstance(sub, TopicConsumer) or not schema.needs_writer(sub.topic, version):

@@ -295,8 +295,8 @@ class MessageFlow:
                 ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
                                 producer, meta.sequence_id, self, txn, okey)
             ]
-            if self.conf.schema is not None and meta.HasField("schema_version"):
-                single[0].schema_version = meta.schema_version
+            if meta.HasField("schema_version"):
+                single[0].raw_schema_version = meta.schema_version
             return single
         entry = (mid.ledgerId, mid.entryId, self.partition, n)
         out: list[ReceivedMessage] = []
@@ -319,7 +319,8 @@ class MessageFlow:
                 ReceivedMessage(data, p, entry, i, topic, key, publish_time, ev or event_time, redeliveries, producer,
                                 base_seq + i if seq is None else seq, self, txn, okey)
             )
-        if self.conf.schema is not None and meta.HasField("schema_version"):
+        if meta.HasField("schema_version"):
+            version = meta.schema_version
             for m in out:
-                m.schema_version = meta.schema_version
+                m.raw_schema_version = version
         return out
