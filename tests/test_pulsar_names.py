@@ -20,6 +20,7 @@ from typing import Any
 
 import pulsar
 import pulsar.exceptions
+import pulsar.schema
 import pytest
 
 import txn
@@ -160,6 +161,15 @@ def test_enum_members_and_values_match(name: str) -> None:
 def test_bytes_schema_at_the_top_level_as_there() -> None:
     assert txn.BytesSchema is txn.schema.BytesSchema
     assert pulsar.BytesSchema is pulsar.schema.BytesSchema
+
+
+def test_every_official_schema_name_exists() -> None:
+    """All 19 public names of ``pulsar.schema`` (its submodules aside) are in ``txn.schema``."""
+    official = {n for n in dir(pulsar.schema) if not n.startswith("_")
+                and not inspect.ismodule(getattr(pulsar.schema, n))}
+    assert len(official) == 19
+    assert {n for n in official if not hasattr(txn.schema, n)} == set()
+    assert official <= set(txn.schema.__all__)
 
 
 def _raises(fn: Callable[[], Any]) -> type[BaseException] | None:

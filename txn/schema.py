@@ -1,34 +1,28 @@
-"""Schemas, mirroring ``pulsar.schema``: ``Record`` classes and the String/Bytes/JSON/Avro schemas.
+"""Schemas, mirroring ``pulsar.schema``: ``Record`` classes and the String/Bytes/JSON/Avro/protobuf schemas.
 
 The definitions (Avro-style JSON text, type ids, names) are byte for byte what the official client
 registers, so the broker's schema registry sees one schema whichever client connects first.
-``AvroSchema`` needs fastavro (the ``avro`` extra).
+``AvroSchema`` needs fastavro (the ``avro`` extra); ``ProtobufNativeSchema`` lives in
+:mod:`txn.schema_protobuf`.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from enum import Enum, EnumMeta
 from typing import Any, ClassVar
 
+from .schema_base import Schema, SchemaInfo, SchemaType
+from .schema_protobuf import ProtobufNativeSchema
+
 __all__ = [
-    "Array", "AvroSchema", "Boolean", "Bytes", "BytesSchema", "Double", "Field", "Float", "Integer",
-    "JsonSchema", "Long", "Map", "Null", "Record", "Schema", "SchemaInfo", "SchemaType", "String", "StringSchema",
+    "Array", "AvroSchema", "Boolean", "Bytes", "BytesSchema", "CustomEnum", "Double", "Field", "Float", "Integer",
+    "JsonSchema", "Long", "Map", "Null", "ProtobufNativeSchema", "Record", "Schema", "SchemaInfo", "SchemaType",
+    "String", "StringSchema",
 ]
 
 _RESERVED = ("_default", "_required", "_required_default")
-
-
-class SchemaType:
-    """Wire type ids of ``Schema.Type`` (PulsarApi.proto); BYTES is the client-side "no schema"."""
-
-    BYTES = -1
-    NONE = 0
-    STRING = 1
-    JSON = 2
-    PROTOBUF = 3
-    AVRO = 4
 
 
 # --- fields -----------------------------------------------------------------------------------------------------
@@ -131,6 +125,51 @@ class String(Field):
         return val.decode() if isinstance(val, bytes) else val
 
 
+class CustomEnum(Field):
+    """A field holding a member of a Python ``Enum`` (an Avro ``enum`` of the member names).
+
+    A value is a member, a member name (``str``) or a member value (exactly ``int``); None is kept
+    as None, required or not. An ``Enum`` class set directly in a record body becomes this field.
+    """
+
+    _avro_type = "enum"
+
+    def __init__(self, enum_type: type[Enum], default: Any = None, required: bool = False,
+                 required_default: bool = False) -> None:
+        if not (isinstance(enum_type, type) and issubclass(enum_type, Enum)):
+            raise TypeError(f"{getattr(enum_type, '__name__', enum_type)} is not a valid Enum type")
+        self.enum_type = enum_type
+        self.values: dict[Any, Enum] = {m.value: m for m in enum_type.__members__.values()}
+        super().__init__(default, required, required_default)
+
+    def python_type(self) -> type[Enum]:
+        return self.enum_type
+
+    def validate_type(self, name: str, val: Any) -> Any:
+        if val is None:
+            return None
+        members = self.enum_type.__members__
+        if type(val) is str:
+            if val not in members:
+                raise TypeError(f"Invalid enum value '{val}' for field '{name}'. Expected: {members.keys()}")
+            return members[val]
+        if type(val) is int:
+            if val not in self.values:
+                raise TypeError(f"Invalid enum value '{val}' for field '{name}'. Expected: {self.values.keys()}")
+            return self.values[val]
+        if not isinstance(val, self.enum_type):
+            raise TypeError(f"Invalid type '{type(val)}' for field '{name}'. Expected: {self.enum_type.__name__}")
+        return val
+
+    def avro_definition(self, seen: set[str]) -> Any:
+        # Enum names share the records' set of defined names, without a namespace.
+        name = self.enum_type.__name__
+        if name in seen:
+            return name
+        seen.add(name)
+        return {"type": "enum", "name": name, "symbols": [m.name for m in self.enum_type]}
+
+
 def _item_definition(t: Field | Record, seen: set[str]) -> Any:
     return t.avro_definition(seen) if isinstance(t, Array | Map | Record) else t.type()
 
@@ -196,7 +235,11 @@ class _RecordMeta(type):
         fields: dict[str, Field | Record] = {}
         for base in bases:
             fields.update(getattr(base, "_fields", {}))
-        fields.update({k: v for k, v in ns.items() if isinstance(v, Field) or isinstance(type(v), _RecordMeta)})
+        for k, v in ns.items():
+            if isinstance(v, EnumMeta):
+                v = CustomEnum(v)  # noqa: PLW2901 - an Enum class in the body is an enum field
+            if isinstance(v, Field) or isinstance(type(v), _RecordMeta):
+                fields[k] = v
         ns["_fields"] = fields
         return super().__new__(mcs, name, bases, ns)
 
@@ -242,7 +285,8 @@ class Record(metaclass=_RecordMeta):
             if not f.is_required():
                 t = ["null", t]
             if f.required_default():
-                out["fields"].append({"name": name, "default": f.default(), "type": t})
+                d = f.default()
+                out["fields"].append({"name": name, "default": d.name if isinstance(d, Enum) else d, "type": t})
             else:
                 out["fields"].append({"name": name, "type": t})
         return out
@@ -306,73 +350,23 @@ def _from_plain(ftype: Field | Record, v: Any) -> Any:
     return v
 
 
-def _plain(v: Any, bytes_as_str: bool) -> Any:
-    """A record's value as plain dicts/lists (bytes become str for JSON)."""
+def _plain(v: Any, for_json: bool) -> Any:
+    """A record's value as plain dicts/lists. For JSON bytes become str and an enum member its
+    value; for Avro an enum member is its name (as the official client writes them)."""
     if isinstance(v, Record):
-        return {k: _plain(getattr(v, k), bytes_as_str) for k in v._fields}
+        return {k: _plain(getattr(v, k), for_json) for k in v._fields}
+    if isinstance(v, Enum):
+        return v.value if for_json else v.name
     if isinstance(v, list):
-        return [_plain(x, bytes_as_str) for x in v]
+        return [_plain(x, for_json) for x in v]
     if isinstance(v, dict):
-        return {k: _plain(x, bytes_as_str) for k, x in v.items()}
-    if bytes_as_str and isinstance(v, bytes):
+        return {k: _plain(x, for_json) for k, x in v.items()}
+    if for_json and isinstance(v, bytes):
         return v.decode()
     return v
 
 
 # --- schemas ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SchemaInfo:
-    """What is registered with the broker: type id, name and definition text ("" for none)."""
-
-    type_id: int
-    schema_name: str
-    definition: str
-
-    def schema_type(self) -> int:
-        return self.type_id
-
-    def name(self) -> str:
-        return self.schema_name
-
-    def schema(self) -> str:
-        return self.definition
-
-
-class Schema:
-    """Encodes values to payload bytes and back; ``schema_info()`` is what the broker registers."""
-
-    def __init__(self, record_cls: type | None, type_id: int, definition: Any, name: str) -> None:
-        self._record_cls = record_cls
-        self._info = SchemaInfo(type_id, name, "null" if definition is None else json.dumps(definition, indent=True))
-
-    def schema_info(self) -> SchemaInfo:
-        return self._info
-
-    def encode(self, obj: Any) -> bytes:
-        raise NotImplementedError
-
-    def decode(self, data: bytes) -> Any:
-        raise NotImplementedError
-
-    def decode_version(self, data: bytes, topic: str, version: bytes) -> Any:
-        """Decode ``data`` written with schema ``version`` of ``topic`` (only Avro needs the writer's definition)."""
-        return self.decode(data)
-
-    def needs_writer(self, topic: str, version: bytes) -> bool:
-        """True if decoding that version needs its definition from the registry (not yet known)."""
-        return False
-
-    def add_writer(self, topic: str, version: bytes, type_id: int, definition: str) -> None:
-        """Remember the registry's definition of ``version`` (see :meth:`needs_writer`)."""
-
-    def _check(self, obj: Any) -> None:
-        if self._record_cls is not None and not isinstance(obj, self._record_cls):
-            raise TypeError(f"Invalid record obj of type {type(obj)} - expected type is {self._record_cls}")
-
-    def __str__(self) -> str:
-        return f"{type(self).__name__}({self._info.schema_name})"
 
 
 class BytesSchema(Schema):
@@ -479,3 +473,4 @@ def schema_to_pb(schema: Schema) -> Any:
     from .protocol import pb
 
     return pb.Schema(name=info.name(), schema_data=info.schema().encode(), type=info.schema_type())
+
