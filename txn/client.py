@@ -43,6 +43,7 @@ from .producer import (
 )
 from .protocol import CompressionType
 from .reader import AsyncReader, create_reader
+from .reader_listener import check_reader_listener
 from .schema import BytesSchema, Schema
 from .table_view import AsyncTableView, create_table_view
 from .topic import parse_topic
@@ -429,6 +430,7 @@ class AsyncClient:
         crypto_key_reader: CryptoKeyReader | None = None,
         crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
         schema: Schema | None = None,
+        reader_listener: Callable[[Any, Message], Any] | None = None,
     ) -> AsyncReader | AsyncPartitionedReader:
         """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or an id); on a
         partitioned topic, every partition (an :class:`~txn.partitioned_reader.AsyncPartitionedReader`).
@@ -437,8 +439,12 @@ class AsyncClient:
         ``<subscription_role_prefix>-`` if given. ``is_read_compacted`` reads the compacted view.
         ``crypto_key_reader`` and ``crypto_failure_action`` as in :meth:`subscribe`. ``schema`` as
         there: checked with the topic's when the reader subscribes (:class:`~txn.IncompatibleSchema`),
-        ``Message.value()`` decodes by it (not a :class:`~txn.schema.Schema`: ``ValueError``)."""
+        ``Message.value()`` decodes by it (not a :class:`~txn.schema.Schema`: ``ValueError``).
+        ``reader_listener(reader, message)`` is called for each message, one at a time, on the
+        event loop (a coroutine it returns is awaited first); ``read_next()`` then raises
+        :class:`~txn.InvalidConfiguration`."""
         self._check()
+        check_reader_listener(reader_listener)
         check_type(str, topic, "topic")
         check_type(MessageId, start_message_id, "start_message_id")
         check_type(int, receiver_queue_size, "receiver_queue_size")
@@ -448,9 +454,12 @@ class AsyncClient:
         check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
         checked_schema = _no_bytes(schema)
         decryptor = consumer_decryptor(crypto_key_reader, crypto_failure_action)
-        return await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive, receiver_queue_size,
-                                   reader_name, subscription_role_prefix, is_read_compacted, decryptor,
-                                   int(crypto_failure_action), checked_schema)
+        reader = await create_reader(self._ctx, topic, start_message_id, start_message_id_inclusive,
+                                     receiver_queue_size, reader_name, subscription_role_prefix, is_read_compacted,
+                                     decryptor, int(crypto_failure_action), checked_schema)
+        if reader_listener is not None:
+            reader.start_listener(reader_listener)
+        return reader
 
     async def create_table_view(self, topic: str, subscription_name: str | None = None,
                                 schema: Schema = BytesSchema()) -> AsyncTableView:

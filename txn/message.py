@@ -109,7 +109,11 @@ class MessageId:
             raise ValueError(f"not a serialized message id: {exc}") from exc
         if not d.IsInitialized():
             raise ValueError("not a serialized message id: required fields missing")
-        return cls.from_pb(d, topic=topic or "")
+        last = cls.from_pb(d, topic=topic or "")
+        if d.HasField("first_chunk_message_id"):
+            # A chunked message's id, as both clients serialize it: its last chunk and its first.
+            return ChunkMessageId([MessageId.from_pb(d.first_chunk_message_id, topic=topic or ""), last])
+        return last
 
     @classmethod
     def from_pb(cls, d: pb.MessageIdData, partition: int | None = None, topic: str = "") -> MessageId:
@@ -133,8 +137,10 @@ class MessageId:
 
 
 class ChunkMessageId(MessageId):
-    """Id of a chunked message: the last chunk's position (it compares, hashes and serializes as that),
-    with every chunk's id in :attr:`chunk_ids`; ``str()`` is ``first;last`` as the official client's."""
+    """Id of a chunked message: the last chunk's position (it compares and hashes as that), with
+    every chunk's id in :attr:`chunk_ids` (the first and last only, once deserialized); ``str()`` is
+    ``first;last`` and :meth:`serialize` keeps both, as the official client's. ``seek()`` to it
+    seeks to its first chunk."""
 
     __slots__ = ("chunk_ids",)
 
@@ -149,6 +155,18 @@ class ChunkMessageId(MessageId):
 
     def __repr__(self) -> str:
         return f"ChunkMessageId(first={self.chunk_ids[0]!r}, last={self.chunk_ids[-1]!r})"
+
+    def serialize(self) -> bytes:
+        """The last chunk's position with the first chunk's (``first_chunk_message_id``), as the
+        official client writes it; :meth:`MessageId.deserialize` (and ``pulsar.MessageId.deserialize``)
+        reads it back as a chunked message's id, which knows its first and last chunks only."""
+        d = self.to_pb()
+        first = self.chunk_ids[0]
+        d.first_chunk_message_id.ledgerId = first.ledger_id() & _U64
+        d.first_chunk_message_id.entryId = first.entry_id() & _U64
+        if first.partition() >= 0:
+            d.first_chunk_message_id.partition = first.partition()
+        return d.SerializeToString()
 
     def first_chunk_message_id(self) -> MessageId:
         """The first chunk's id."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from .consumer.topic_consumer import TopicConsumer
 from .context import ClientContext
 from .errors import OperationNotSupported
 from .message import EARLIEST, LATEST, Message, MessageId, more_in_entry
+from .reader_listener import reader_delivery
 
 
 @dataclass
@@ -70,6 +72,11 @@ class AsyncPartitionedReader:
             pos = self._positions[sub] = _Position(self._start, self._inclusive, not _special(self._start))
         return pos
 
+    @property
+    def async_consumer(self) -> AsyncConsumer:
+        """The consumer (of every partition) this reader reads with."""
+        return self._consumer
+
     def topic(self) -> str:
         """The (partitioned) topic read."""
         return self._consumer.topic()
@@ -94,16 +101,27 @@ class AsyncPartitionedReader:
         while True:
             left = None if deadline is None else max(0, round((deadline - loop.time()) * 1000))
             m = await self._consumer.receive(left)
-            sub = m.consumer
-            if not isinstance(sub, TopicConsumer):
+            if self.admit(m):
                 return m
-            pos = self._position(sub)
-            mid = m.message_id()
-            if pos.before_start(mid):
-                continue
-            pos.last = mid
-            sub.resume_from, sub.resume_inclusive = mid, False
-            return m
+
+    def admit(self, msg: Message) -> bool:
+        """Record ``msg`` as read from its partition (a reconnect resumes after it); False if it
+        precedes the start in the start's entry, which the reader skips."""
+        sub = msg.consumer
+        if not isinstance(sub, TopicConsumer):
+            return True
+        pos = self._position(sub)
+        mid = msg.message_id()
+        if pos.before_start(mid):
+            return False
+        pos.last = mid
+        sub.resume_from, sub.resume_inclusive = mid, False
+        return True
+
+    def start_listener(self, listener: Callable[[AsyncPartitionedReader, Message], Any]) -> None:
+        """Hand each message to ``listener(self, message)`` from now on, one at a time, on the event
+        loop (a coroutine it returns is awaited first); :meth:`read_next` is refused meanwhile."""
+        self._consumer.start_listener(reader_delivery(self, self, listener))
 
     async def seek(self, messageid: MessageId | int) -> None:
         """Reset the reader: every partition to ``EARLIEST``, ``LATEST`` or a publish time (int, ms

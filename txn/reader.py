@@ -8,6 +8,8 @@ right after the last message it handed out.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 from .consumer import AsyncConsumer, ConsumerConfig, ConsumerType, InitialPosition
 from .consumer.async_consumer import seek_target
@@ -16,6 +18,7 @@ from .crypto import MessageDecryptor
 from .message import EARLIEST, LATEST, Message, MessageId, signed64
 from .message import more_in_entry as _more_in_entry
 from .partitioned_reader import AsyncPartitionedReader, open_partitioned_reader
+from .reader_listener import reader_delivery
 from .schema import Schema
 from .topic import parse_topic
 
@@ -29,6 +32,11 @@ class AsyncReader:
         self._start = start
         self._inclusive = inclusive
         self._last: MessageId | None = None
+
+    @property
+    def async_consumer(self) -> AsyncConsumer:
+        """The consumer this reader reads with."""
+        return self._consumer
 
     def topic(self) -> str:
         """The topic read."""
@@ -48,10 +56,21 @@ class AsyncReader:
         # What precedes the start (or the last message read, after a resubscribe) in its batch entry
         # never reaches the queue (the consumer drops it as it arrives).
         m = await self._consumer.receive(timeout_millis)
-        mid = m.message_id()
+        self.admit(m)
+        return m
+
+    def admit(self, msg: Message) -> bool:
+        """Record ``msg`` as read: a reconnect resumes after it. Always True (this reader's consumer
+        drops what precedes its start itself)."""
+        mid = msg.message_id()
         self._last = mid
         self._sub.resume_from, self._sub.resume_inclusive = mid, False
-        return m
+        return True
+
+    def start_listener(self, listener: Callable[[AsyncReader, Message], Any]) -> None:
+        """Hand each message to ``listener(self, message)`` from now on, one at a time, on the event
+        loop (a coroutine it returns is awaited first); :meth:`read_next` is refused meanwhile."""
+        self._consumer.start_listener(reader_delivery(self, self, listener))
 
     async def seek(self, messageid: MessageId | int) -> None:
         """Reset the reader to a message id or a publish time (int, ms since the epoch)."""

@@ -29,6 +29,7 @@ from .message import Message, MessageId
 from .pool import MAX_PARTITIONS
 from .producer import AsyncProducer, run_callback
 from .protocol import CompressionType
+from .reader_listener import check_reader_listener, reader_delivery
 from .schema import BytesSchema, Schema
 from .table_view import TableView
 from .transaction import AsyncTransaction, TxnState
@@ -435,9 +436,14 @@ class Reader:
     """A reader (blocking API) of a topic, a partition or all partitions of a partitioned topic; see
     :class:`~txn.reader.AsyncReader` and :class:`~txn.partitioned_reader.AsyncPartitionedReader`."""
 
-    def __init__(self, inner: Any, lt: LoopThread) -> None:
+    def __init__(self, inner: Any, lt: LoopThread, listener: Callable[[Reader, Message], Any] | None = None) -> None:
         self._inner = inner
         self._lt = lt
+        #: With a listener: the blocking consumer whose listener thread calls it (see :meth:`Client.create_reader`).
+        self._listening: Consumer | None = None
+        if listener is not None:
+            self._listening = Consumer(inner.async_consumer, lt)
+            self._listening._start_listener(reader_delivery(inner, self, listener))  # noqa: SLF001 - same module
 
     @property
     def async_reader(self) -> Any:
@@ -465,8 +471,10 @@ class Reader:
         return self._inner.is_connected()
 
     def close(self) -> None:
-        """Close."""
+        """Close; with a listener, waits for a call of it in progress to return (none follows)."""
         self._lt.run(self._inner.close())
+        if self._listening is not None:
+            self._listening._join_listener()  # noqa: SLF001 - same module
 
 
 class Client:
@@ -576,14 +584,17 @@ class Client:
         return consumer
 
     def create_reader(self, topic: str, start_message_id: MessageId, start_message_id_inclusive: bool = False,
-                      **kwargs: Any) -> Reader:
+                      *, reader_listener: Callable[[Reader, Message], Any] | None = None, **kwargs: Any) -> Reader:
         """Read ``topic`` from ``start_message_id`` (``txn.EARLIEST``, ``txn.LATEST`` or a message id);
-        the keywords of :meth:`AsyncClient.create_reader`, ``schema=`` among them."""
+        the keywords of :meth:`AsyncClient.create_reader`, ``schema=`` among them.
+
+        ``reader_listener(reader, message)`` is called for each message, in order, one at a time, on
+        a thread of the reader's own; an exception it raises is logged and the next message follows.
+        ``read_next()`` then raises :class:`~txn.InvalidConfiguration`, as in the official client."""
         self._check()
-        return Reader(
-            self._lt.run(self._inner.create_reader(topic, start_message_id, start_message_id_inclusive, **kwargs)),
-            self._lt,
-        )
+        check_reader_listener(reader_listener)
+        inner = self._lt.run(self._inner.create_reader(topic, start_message_id, start_message_id_inclusive, **kwargs))
+        return Reader(inner, self._lt, reader_listener)
 
     def create_table_view(self, topic: str, subscription_name: str | None = None,
                           schema: Schema = BytesSchema()) -> TableView:

@@ -265,7 +265,10 @@ class TopicConsumer(MessageFlow, AckTracker):
         rid = next_request_id()
         fields: dict[str, Any] = {"consumer_id": self.consumer_id, "request_id": rid}
         if isinstance(target, MessageId):
-            fields["message_id"] = target.to_pb()
+            # A chunked message is sought at its first chunk, as by the official client: the broker
+            # then sends every chunk again (its last chunk alone would not make the message).
+            at = target.first_chunk_message_id() if isinstance(target, ChunkMessageId) else target
+            fields["message_id"] = at.to_pb()
             self.resume_from, self.resume_inclusive = target, not exclusive
             special = target.entry_key[:2] in (EARLIEST.entry_key[:2], LATEST.entry_key[:2])
             # Exclusive: skip the target and what precedes it in its batch; inclusive: only what precedes it.

@@ -99,6 +99,13 @@ class Accumulator:
 
     # ------------------------------------------------------------------ sending
 
+    @property
+    def chunking(self) -> bool:
+        """Whether a message over the broker's limit goes in chunks: ``chunking_enabled`` on a
+        persistent topic only (the official clients turn it off on a non-persistent one, where such
+        a message is :class:`MessageTooBig`)."""
+        return self.conf.chunking_enabled and not self.topic.startswith("non-persistent://")
+
     def check_size(self, content: bytes) -> None:
         """Raise :class:`MessageTooBig` if ``content`` (compressed, if a codec is set) exceeds the broker's limit."""
         limit = self.max_message_size
@@ -134,7 +141,7 @@ class Accumulator:
         each batch holds one key.
         """
         self.check_usable()
-        if not self.conf.chunking_enabled:
+        if not self.chunking:
             self.check_size(content)
         if self.conf.encryptor is not None:
             self.conf.encryptor.check()
@@ -166,7 +173,7 @@ class Accumulator:
                 self._flush_batch()
             if content is NULL_PAYLOAD:
                 meta.null_value = True
-            if conf.chunking_enabled and self._push_chunks(seq, meta, content, fut, txn):
+            if self.chunking and self._push_chunks(seq, meta, content, fut, txn):
                 return fut
             self._push(seq, seq, meta, content, [fut], False, txn)
             return fut
