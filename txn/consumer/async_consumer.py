@@ -132,12 +132,24 @@ class AsyncConsumer:
         (by id on Shared and Key_Shared subscriptions, else everything unacknowledged, as there)."""
         while not self._closed:
             await asyncio.sleep(unacked.tick_ms / 1000.0)
+            shared = self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared)
             for sub, entries in unacked.tick().items():
                 if sub.parent is not self or sub not in self.topic_consumers:
                     continue
+                if shared and self._dead_letters is not None:
+                    # As the official client: redelivered the maximum number of times, it is dead-lettered.
+                    entries = self._dead_letters.on_timeout(sub, entries)
+                    if not entries:
+                        continue
                 log.warning("%d messages of %s not acknowledged within %d ms; redelivering them",
                             len(entries), sub.topic, unacked.timeout_ms)
                 sub.redeliver([MessageId(sub.partition, ledger, entry) for ledger, entry in entries])
+
+    def on_arrival(self, sub: TopicConsumer, msgs: list[Message]) -> list[Message]:
+        """An entry's messages as they arrive (with a dead-letter policy): those redelivered more
+        often than ``max_redeliver_count`` go to the dead-letter topic instead (see :mod:`.dead_letter`)."""
+        dead = self._dead_letters
+        return msgs if dead is None or self._closed else dead.on_arrival(sub, msgs)
 
     def handed_out(self, msg: Message) -> None:
         """``msg`` goes to the application now: start its ack timeout (if there is one). Thread-safe."""
@@ -451,9 +463,13 @@ class AsyncConsumer:
             sub = message_or_id.consumer
             if sub is not None and sub.parent is self:
                 sub.ack_local(message_or_id, cumulative)
+                if self._dead_letters is not None:
+                    self._dead_letters.forget(sub, message_or_id)
                 return
         sub, mid = self._sub_for(message_or_id)
         sub.ack_local(mid, cumulative)
+        if self._dead_letters is not None:
+            self._dead_letters.forget(sub, mid)
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None) -> Awaitable[None]:
         """Acknowledge one message; await the result. Inside ``txn`` it waits for the broker.

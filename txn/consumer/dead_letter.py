@@ -1,5 +1,8 @@
-"""Dead-letter topic: after ``max_redeliver_count`` redeliveries a negatively acknowledged message
-is produced to the dead-letter topic and acknowledged, as the official client does."""
+"""Dead-letter topic: a message redelivered ``max_redeliver_count`` times is produced to the
+dead-letter topic and acknowledged, as the official client (C++ core, Java) does, when it is
+negatively acknowledged, when its ack timeout passes (Shared and Key_Shared subscriptions), or on
+arrival once redelivered more often than that (e.g. after ``redeliver_unacknowledged_messages()``);
+the last never reaches the application."""
 
 from __future__ import annotations
 
@@ -57,6 +60,42 @@ class DeadLetterSender:
         self._producer: Any = None
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: (topic consumer, ledger, entry) -> the messages of an entry that arrived redelivered
+        #: ``max_redeliver_count`` times or more (dead-lettered if their ack timeout passes)
+        self.candidates: dict[tuple[Any, int, int], list[Message]] = {}
+
+    def on_arrival(self, sub: Any, msgs: list[Message]) -> list[Message]:
+        """The messages of one entry as they arrive: remember them if redelivered the maximum number
+        of times; dead-letter them (and return none) if redelivered more often (event-loop thread)."""
+        count = msgs[0].redelivery_count()
+        limit = self.policy.max_redeliver_count
+        if count < limit:
+            return msgs
+        ledger, entry = _entry_of(msgs[0])
+        if count == limit:
+            self.candidates[(sub, ledger, entry)] = list(msgs)
+            return msgs
+        self.candidates.pop((sub, ledger, entry), None)
+        for m in msgs:
+            self.send(m)
+        return []
+
+    def on_timeout(self, sub: Any, entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Dead-letter the candidates among ``entries`` (their ack timeout passed); return the others."""
+        rest = []
+        for ledger, entry in entries:
+            msgs = self.candidates.pop((sub, ledger, entry), None)
+            if msgs is None:
+                rest.append((ledger, entry))
+            else:
+                for m in msgs:
+                    self.send(m)
+        return rest
+
+    def forget(self, sub: Any, message_or_id: Any) -> None:
+        """``message_or_id`` was acknowledged: no longer a candidate."""
+        if self.candidates:
+            self.candidates.pop((sub, *_entry_of(message_or_id)), None)
 
     def wants(self, message: Message) -> bool:
         """True if ``message`` was redelivered ``max_redeliver_count`` times already."""
@@ -98,6 +137,7 @@ class DeadLetterSender:
                                     ordering_key=message.ordering_key() or None)
             if not self._consumer.closed:
                 self._consumer.acknowledge_nowait(message)
+            self.candidates.pop((getattr(message, "consumer", None), *_entry_of(message)), None)
         except Exception as exc:
             log.warning("dead-lettering %s to %s failed (%s); redelivering it",
                         message.message_id(), self.topic, exc)
@@ -111,3 +151,8 @@ class DeadLetterSender:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._producer is not None:
             await self._producer.close()
+
+
+def _entry_of(item: Any) -> tuple[int, int]:
+    mid = item.message_id() if isinstance(item, Message) else item
+    return mid.ledger_id(), mid.entry_id()
