@@ -23,15 +23,26 @@ DLQ_SUFFIX = "-DLQ"
 
 class ConsumerDeadLetterPolicy:
     """As ``pulsar.ConsumerDeadLetterPolicy``: ``max_redeliver_count`` (> 0), the dead-letter topic
-    (default ``<topic>-<subscription>-DLQ``) and a subscription to create on it first (optional)."""
+    (default ``<topic>-<subscription>-DLQ``) and a subscription to create on it first (optional).
+    ``retry_letter_topic`` (ours, as the Java client's): where ``reconsume_later`` sends messages of a
+    consumer subscribed with ``retry_enable=True`` (default ``<topic>-<subscription>-RETRY``)."""
 
     def __init__(self, max_redeliver_count: int, dead_letter_topic: str | None = None,
-                 initial_subscription_name: str | None = None) -> None:
+                 initial_subscription_name: str | None = None, *, retry_letter_topic: str | None = None) -> None:
         if max_redeliver_count is None or max_redeliver_count < 1:
             raise ValueError("max_redeliver_count must be greater than 0")
+        if retry_letter_topic is not None and not isinstance(retry_letter_topic, str):
+            raise ValueError("argument retry_letter_topic must be None or of type str, "
+                             f"not {type(retry_letter_topic).__name__}")
         self._max = max_redeliver_count
         self._topic = dead_letter_topic or ""
         self._initial = initial_subscription_name or ""
+        self._retry = retry_letter_topic or ""
+
+    @property
+    def retry_letter_topic(self) -> str:
+        """The retry-letter topic (``""``: the default)."""
+        return self._retry
 
     @property
     def max_redeliver_count(self) -> int:
@@ -106,6 +117,10 @@ class DeadLetterSender:
         task = asyncio.get_running_loop().create_task(self._send(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def producer(self) -> Any:
+        """The dead-letter topic's producer (created, with the initial subscription, on first use)."""
+        return await self._get_producer()
 
     async def _get_producer(self) -> Any:
         async with self._lock:
