@@ -128,6 +128,29 @@ def test_retry_enable_arguments(broker: Any, topic: str) -> None:
         client.close()
 
 
+def test_older_default_names_are_kept_when_their_topics_exist(broker: Any, topic: str) -> None:
+    """As the Java client: if ``<namespace>/<subscription>-RETRY`` (the older default) exists it is
+    the retry topic; the dead-letter topic's older name does not exist, so the new default holds."""
+    client = txn.Client(broker.service_url)
+    try:
+        sub = f"s-{topic.rsplit('-', 1)[1]}"
+        old_retry = f"persistent://public/default/{sub}-RETRY"
+        client.create_producer(old_retry).close()  # creates it
+        consumer = client.subscribe(topic, sub, consumer_type=txn.ConsumerType.Shared, retry_enable=True,
+                                    dead_letter_policy=txn.ConsumerDeadLetterPolicy(1))
+        assert consumer._inner.partition_topics() == [topic, old_retry]  # noqa: SLF001
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"z")
+        consumer.reconsume_later(consumer.receive(5000), 0)
+        m = consumer.receive(5000)
+        assert (m.topic_name(), m.properties()["RECONSUMETIMES"]) == (old_retry, "1")
+        consumer.reconsume_later(m, 0)
+        dlq = client.subscribe(f"{topic}-{sub}-DLQ", "peek", initial_position=txn.InitialPosition.Earliest)
+        assert dlq.receive(5000).properties()["RECONSUMETIMES"] == "2"
+    finally:
+        client.close()
+
+
 # --------------------------------------------------------------------------- with the Java client
 
 

@@ -414,7 +414,7 @@ class AsyncClient:
         if retry_enable:
             if pattern is not None:
                 raise InvalidConfiguration("retry_enable is not supported on a regex subscription", topic=pattern)
-            policy = retry_policy(names[0], subscription_name, dead_letter_policy)
+            policy = await retry_policy(self._ctx, names[0], subscription_name, dead_letter_policy)
             conf.dead_letter_policy = policy
             conf.retry_enable = True
             conf.multi_topic = True

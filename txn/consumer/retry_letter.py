@@ -14,8 +14,11 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from ..errors import InvalidConfiguration
+from ..connection import check_error, command, next_request_id
+from ..errors import InvalidConfiguration, TopicNotFound, from_server_error
 from ..message import ChunkMessageId, Message, MessageId
+from ..protocol import pb
+from ..topic import parse_topic
 from .dead_letter import DLQ_SUFFIX, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerDeadLetterPolicy
 
 #: Properties of a reconsumed message (names as the Java client's ``RetryMessageUtil``).
@@ -25,20 +28,51 @@ PROPERTY_REAL_SUBSCRIPTION = "REAL_SUBSCRIPTION"
 #: The Java client's older, misspelt name for the origin id, which it still writes too.
 PROPERTY_ORIGIN_MESSAGE_ID_LEGACY = "ORIGIN_MESSAGE_IDY_TIME"
 RETRY_SUFFIX = "-RETRY"
+T = pb.BaseCommand
 #: The Java client's ``max_redeliver_count`` when retry is enabled without a dead-letter policy.
 DEFAULT_MAX_RECONSUME_TIMES = 16
 
 
-def retry_policy(topic: str, subscription: str, policy: ConsumerDeadLetterPolicy | None) -> ConsumerDeadLetterPolicy:
+async def retry_policy(ctx: Any, topic: str, subscription: str,
+                       policy: ConsumerDeadLetterPolicy | None) -> ConsumerDeadLetterPolicy:
     """The dead-letter policy of a retry-enabled consumer of ``topic`` (its full name): ``policy``
-    (or ``max_redeliver_count`` 16) with the default retry-letter and dead-letter topics filled in."""
-    base = f"{topic}-{subscription}"
+    (or ``max_redeliver_count`` 16) with the default retry-letter and dead-letter topics filled in:
+    ``<topic>-<subscription>-RETRY`` / ``-DLQ``, or, as the Java client, the names of its older
+    versions (``<namespace>/<subscription>-RETRY`` / ``-DLQ``) if such a topic exists."""
+    retry = policy.retry_letter_topic if policy is not None else ""
+    dead = policy.dead_letter_topic if policy is not None else ""
+    if not retry or not dead:
+        name = parse_topic(topic)
+        old = f"{name.domain}://{name.tenant}/{name.namespace}/{subscription}"
+        old_retry, old_dead = await asyncio.gather(topic_exists(ctx, old + RETRY_SUFFIX),
+                                                   topic_exists(ctx, old + DLQ_SUFFIX))
+        retry = retry or (old + RETRY_SUFFIX if old_retry else f"{topic}-{subscription}{RETRY_SUFFIX}")
+        dead = dead or (old + DLQ_SUFFIX if old_dead else f"{topic}-{subscription}{DLQ_SUFFIX}")
     return ConsumerDeadLetterPolicy(
         policy.max_redeliver_count if policy is not None else DEFAULT_MAX_RECONSUME_TIMES,
-        dead_letter_topic=(policy.dead_letter_topic if policy is not None else "") or base + DLQ_SUFFIX,
+        dead_letter_topic=dead,
         initial_subscription_name=policy.initial_subscription_name if policy is not None else None,
-        retry_letter_topic=(policy.retry_letter_topic if policy is not None else "") or base + RETRY_SUFFIX,
+        retry_letter_topic=retry,
     )
+
+
+async def topic_exists(ctx: Any, topic: str) -> bool:
+    """Whether ``topic`` exists (its partition metadata, asked without auto-creating it), as the
+    Java client's check of the older default names: a persistent topic exists if the broker knows
+    it, a non-persistent one if it is partitioned."""
+    conn = await ctx.pool.get()
+    rid = next_request_id()
+    resp = await conn.request(command(T.PARTITIONED_METADATA, topic=topic, request_id=rid,
+                                      metadata_auto_creation_enabled=False), rid)
+    try:
+        check_error(resp, "partition metadata", topic=topic)
+        r = resp.partitionMetadataResponse
+        if r.HasField("response") and r.response == pb.CommandPartitionedTopicMetadataResponse.Failed:
+            name = pb.ServerError.Name(r.error) if r.HasField("error") else "UnknownError"
+            raise from_server_error(name, f"partition metadata failed: {r.message}", topic=topic)
+    except TopicNotFound:
+        return False
+    return parse_topic(topic).domain == "persistent" or r.partitions > 0
 
 
 def delay_ms(delay: Any) -> int:
