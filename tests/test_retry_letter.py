@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import txn
+from txn.admin import admin_request, topic_path
 from txn_shell.localbroker import ensure_distribution
 
 JAVA_SOURCE = Path(__file__).resolve().parent / "java" / "RetryPeer.java"
@@ -147,6 +148,27 @@ def test_older_default_names_are_kept_when_their_topics_exist(broker: Any, topic
         consumer.reconsume_later(m, 0)
         dlq = client.subscribe(f"{topic}-{sub}-DLQ", "peek", initial_position=txn.InitialPosition.Earliest)
         assert dlq.receive(5000).properties()["RECONSUMETIMES"] == "2"
+    finally:
+        client.close()
+
+
+def test_reconsume_later_from_a_partitioned_topic(broker: Any, topic: str) -> None:
+    """A partition's message: REAL_TOPIC is the partitioned topic (no ``-partition-N``), the origin
+    id carries the partition, and the retry topic is named after the partitioned topic."""
+    assert admin_request("PUT", broker.admin_url, f"/admin/v2/{topic_path(topic)}/partitions", 2)[0] == 204
+    client = txn.Client(broker.service_url)
+    try:
+        consumer = client.subscribe(topic, "s", consumer_type=txn.ConsumerType.Shared, retry_enable=True)
+        producer = client.create_producer(topic, batching_enabled=False)
+        mid = producer.send(b"p", partition_key="one")
+        m = consumer.receive(5000)
+        assert m.topic_name() == f"{topic}-partition-{mid.partition()}"
+        consumer.reconsume_later(m, 0)
+        again = consumer.receive(5000)
+        assert again.topic_name() == f"{topic}-s-RETRY"
+        assert again.properties() == _expected(topic, f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}", 1, 0)
+        consumer.acknowledge(again)
+        consumer.close()
     finally:
         client.close()
 
