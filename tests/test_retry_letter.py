@@ -7,6 +7,7 @@ it with the same properties."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import tempfile
@@ -168,6 +169,34 @@ def test_reconsume_later_from_a_partitioned_topic(broker: Any, topic: str) -> No
         assert again.topic_name() == f"{topic}-s-RETRY"
         assert again.properties() == _expected(topic, f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}", 1, 0)
         consumer.acknowledge(again)
+        consumer.close()
+    finally:
+        client.close()
+
+
+def test_reconsume_later_of_a_chunked_message(broker: Any, topic: str) -> None:
+    """A message larger than the broker's limit (chunked) is reconsumed whole (the retry and
+    dead-letter producers chunk it too, as the Java client's); its origin id is ``first;last`` as the
+    Java client prints a chunked id."""
+    client = txn.Client(broker.service_url)
+    try:
+        consumer = client.subscribe(topic, "s", consumer_type=txn.ConsumerType.Shared, retry_enable=True,
+                                    dead_letter_policy=txn.ConsumerDeadLetterPolicy(1))
+        producer = client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+        big = os.urandom(6 * 1024 * 1024)
+        producer.send(big)
+        m = consumer.receive(20000)
+        chunks = m.message_id().chunk_ids
+        assert len(chunks) == 2
+        consumer.reconsume_later(m, 0)
+        again = consumer.receive(20000)
+        assert (again.topic_name(), again.data() == big) == (f"{topic}-s-RETRY", True)
+        origin = f"{_java_id(chunks[0])};{_java_id(chunks[-1])}"
+        assert again.properties() == _expected(topic, origin, 1, 0)
+        consumer.reconsume_later(again, 0)  # past the limit: to the dead-letter topic, chunked too
+        dlq = client.subscribe(f"{topic}-s-DLQ", "peek", initial_position=txn.InitialPosition.Earliest)
+        dead = dlq.receive(20000)
+        assert (dead.data() == big, dead.properties()) == (True, _expected(topic, origin, 2, 0))
         consumer.close()
     finally:
         client.close()

@@ -136,7 +136,7 @@ class DeadLetterSender:
                         initial_position=InitialPosition.Earliest))
                     await sub.start()
                     await sub.close()
-                p = AsyncProducer(ctx, self.topic, ProducerConfig(batching_enabled=False))
+                p = AsyncProducer(ctx, self.topic, ProducerConfig(batching_enabled=False, chunking_enabled=True))
                 await p.start()
                 self._producer = p
             return self._producer

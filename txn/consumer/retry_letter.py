@@ -87,9 +87,11 @@ def delay_ms(delay: Any) -> int:
 
 
 def java_message_id(mid: MessageId) -> str:
-    """``mid`` as the Java client prints it: ``ledger:entry:partition``, ``:batch`` for a batch's message."""
+    """``mid`` as the Java client prints it: ``ledger:entry:partition``, ``:batch`` for a batch's
+    message, ``first;last`` (the first and last chunks) for a chunked message."""
     if isinstance(mid, ChunkMessageId):
-        mid = mid.first_chunk_message_id()
+        ends = (mid.chunk_ids[0], mid.chunk_ids[-1])
+        return ";".join(f"{c.ledger_id()}:{c.entry_id()}:{c.partition()}" for c in ends)
     text = f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}"
     return f"{text}:{mid.batch_index()}" if mid.batch_index() >= 0 else text
 
@@ -133,7 +135,7 @@ class RetryLetterSender:
                 from ..producer import AsyncProducer, ProducerConfig
 
                 p = AsyncProducer(self._consumer.ctx, self.policy.retry_letter_topic,
-                                  ProducerConfig(batching_enabled=False))
+                                  ProducerConfig(batching_enabled=False, chunking_enabled=True))
                 await p.start()
                 self._producer = p
             return self._producer
