@@ -77,6 +77,31 @@ def test_reconsume_later_to_the_retry_topic_then_the_dead_letter_topic(broker: A
         client.close()
 
 
+def test_dead_letters_of_a_retry_enabled_consumer_carry_the_java_properties(broker: Any, topic: str) -> None:
+    """A retry-enabled consumer is the Java client's: a message negatively acknowledged past the limit
+    goes to the dead-letter topic with the Java client's origin properties (no reconsume count)."""
+    client = txn.Client(broker.service_url)
+    try:
+        consumer = client.subscribe(topic, "s", consumer_type=txn.ConsumerType.Shared, retry_enable=True,
+                                    negative_ack_redelivery_delay_ms=100,
+                                    dead_letter_policy=txn.ConsumerDeadLetterPolicy(1))
+        dlq = client.subscribe(f"{topic}-s-DLQ", "peek", initial_position=txn.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=False)
+        mid = producer.send(b"n", properties={"a": "1"})
+        for count in (0, 1):
+            m = consumer.receive(5000)
+            assert m.redelivery_count() == count
+            consumer.negative_acknowledge(m)
+        dead = dlq.receive(5000)
+        origin = _java_id(mid)
+        assert dead.properties() == {"a": "1", "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": origin,
+                                     "ORIGIN_MESSAGE_IDY_TIME": origin, "REAL_SUBSCRIPTION": "s"}
+        with pytest.raises(txn.Timeout):
+            consumer.receive(1000)
+    finally:
+        client.close()
+
+
 def test_retry_topics_of_the_policy_and_the_async_client(broker: Any, topic: str) -> None:
     """``AsyncClient``: a retry topic and dead-letter topic named in the policy (short names are in
     public/default), ``reconsume_later`` awaited; a consumer without ``retry_enable`` refuses it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..message import Message
@@ -74,6 +75,8 @@ class DeadLetterSender:
         #: (topic consumer, ledger, entry) -> the messages of an entry that arrived redelivered
         #: ``max_redeliver_count`` times or more (dead-lettered if their ack timeout passes)
         self.candidates: dict[tuple[Any, int, int], list[Message]] = {}
+        #: The properties of a message's dead letter (the Java client's, on a retry-enabled consumer)
+        self.properties_of: Callable[[Message], dict[str, str]] = official_properties
 
     def on_arrival(self, sub: Any, msgs: list[Message]) -> list[Message]:
         """The messages of one entry as they arrive: remember them if redelivered the maximum number
@@ -144,9 +147,7 @@ class DeadLetterSender:
     async def _send(self, message: Message) -> None:
         try:
             producer = await self._get_producer()
-            props = dict(message.properties())
-            props[PROPERTY_REAL_TOPIC] = message.topic_name()
-            props[PROPERTY_ORIGIN_MESSAGE_ID] = str(message.message_id())
+            props = self.properties_of(message)
             await producer.send_now(message.data(), properties=props,
                                     partition_key=message.partition_key() or None,
                                     ordering_key=message.ordering_key() or None)
@@ -166,6 +167,14 @@ class DeadLetterSender:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._producer is not None:
             await self._producer.close()
+
+
+def official_properties(message: Message) -> dict[str, str]:
+    """A dead letter's properties, as the official (C++) client writes them."""
+    props = dict(message.properties())
+    props[PROPERTY_REAL_TOPIC] = message.topic_name()
+    props[PROPERTY_ORIGIN_MESSAGE_ID] = str(message.message_id())
+    return props
 
 
 def _entry_of(item: Any) -> tuple[int, int]:

@@ -102,15 +102,22 @@ def owner_topic(topic: str) -> str:
     return base if sep and index.isdigit() else topic
 
 
-def reconsume_properties(message: Message, subscription: str, custom: dict[str, str] | None,
-                         delay: int) -> tuple[dict[str, str], int]:
-    """The properties of ``message``'s next copy, and its reconsume count (as the Java client)."""
+def origin_properties(message: Message, subscription: str) -> dict[str, str]:
+    """``message``'s properties with where it came from added (unless already there), as the Java
+    client writes them on a reconsumed message and a dead letter."""
     props = dict(message.properties())
     origin = java_message_id(message.message_id())
     props.setdefault(PROPERTY_REAL_TOPIC, owner_topic(message.topic_name()))
     props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID_LEGACY, origin)
     props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, origin)
     props.setdefault(PROPERTY_REAL_SUBSCRIPTION, subscription)
+    return props
+
+
+def reconsume_properties(message: Message, subscription: str, custom: dict[str, str] | None,
+                         delay: int) -> tuple[dict[str, str], int]:
+    """The properties of ``message``'s next copy, and its reconsume count (as the Java client)."""
+    props = origin_properties(message, subscription)
     if custom:
         props.update(custom)
     times = int(props[PROPERTY_RECONSUME_TIMES]) + 1 if PROPERTY_RECONSUME_TIMES in props else 1
@@ -126,6 +133,9 @@ class RetryLetterSender:
         self._consumer = consumer
         self.policy = policy
         self._dead_letters = dead_letters
+        subscription = consumer.subscription_name()
+        # A retry-enabled consumer is the Java client's: its dead letters carry the Java properties.
+        dead_letters.properties_of = lambda m: origin_properties(m, subscription)
         self._producer: Any = None
         self._lock = asyncio.Lock()
 
