@@ -26,6 +26,7 @@ from .consumer.batch_receive import ConsumerBatchReceivePolicy
 from .consumer.dead_letter import ConsumerDeadLetterPolicy
 from .consumer.key_shared import ConsumerKeySharedPolicy
 from .consumer.pattern import AsyncPatternConsumer, split_pattern
+from .consumer.retry_letter import retry_policy
 from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .crypto import ConsumerCryptoFailureAction, CryptoKeyReader, consumer_decryptor, producer_encryptor
@@ -308,6 +309,7 @@ class AsyncClient:
         regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
         crypto_key_reader: CryptoKeyReader | None = None,
         crypto_failure_action: ConsumerCryptoFailureAction = ConsumerCryptoFailureAction.FAIL,
+        retry_enable: bool = False,
     ) -> AsyncConsumer:
         """Subscribe to one topic, a list of topics or the topics matching a compiled regex (bad
         argument types raise ``ValueError``).
@@ -333,7 +335,11 @@ class AsyncClient:
         Chunked messages are reassembled, at most ``max_pending_chunked_message`` incomplete ones at a
         time (:mod:`txn.consumer.chunks`). Encrypted messages are decrypted with ``crypto_key_reader``
         (:mod:`txn.crypto`); one that cannot be is raised, acknowledged or handed over still encrypted
-        as ``crypto_failure_action`` says (:class:`~txn.ConsumerCryptoFailureAction`)."""
+        as ``crypto_failure_action`` says (:class:`~txn.ConsumerCryptoFailureAction`).
+
+        ``retry_enable`` (the Java client's ``enableRetry``) also subscribes to the retry-letter topic
+        (``dead_letter_policy.retry_letter_topic``, default ``<topic>-<subscription>-RETRY``), for
+        ``consumer.reconsume_later(message, delay)``; see :mod:`txn.consumer.retry_letter`."""
         self._check()
         if not isinstance(topic, str | list | re.Pattern):
             raise ValueError("Argument 'topic' is expected to be of a type between (str, list, re.pattern)")
@@ -405,6 +411,17 @@ class AsyncClient:
         if dead_letter_policy is not None:
             check_type(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
             conf.dead_letter_policy = dead_letter_policy
+        check_type(bool, retry_enable, "retry_enable")
+        if retry_enable:
+            if pattern is not None:
+                raise InvalidConfiguration("retry_enable is not supported on a regex subscription", topic=pattern)
+            policy = await retry_policy(self._ctx, names[0], subscription_name, dead_letter_policy)
+            conf.dead_letter_policy = policy
+            conf.retry_enable = True
+            conf.multi_topic = True
+            retry_topic = str(parse_topic(policy.retry_letter_topic))
+            if retry_topic not in names:
+                names.append(retry_topic)
         if message_listener is not None and not callable(message_listener):
             raise ValueError("message_listener must be callable")
         if pattern is not None:

@@ -401,6 +401,13 @@ class Consumer:
 
         self._lt.run(go())
 
+    def reconsume_later(self, message: Message, delay: timedelta | int,
+                        properties: dict[str, str] | None = None) -> None:
+        """Consume ``message`` again after ``delay`` (``timedelta`` or ms) through the retry-letter
+        topic (subscribe with ``retry_enable=True``); blocks until the copy is stored, then
+        acknowledges ``message``. See :meth:`txn.consumer.AsyncConsumer.reconsume_later`."""
+        self._lt.run(self._inner.reconsume_later(message, delay, properties))
+
     def redeliver_unacknowledged_messages(self) -> None:
         """Redeliver all unacknowledged messages now."""
 

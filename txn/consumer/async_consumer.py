@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Generator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..args import NUMBER, check_type_or_none
@@ -20,6 +21,7 @@ from .acks import TXN_ACK_CHUNK, _split_by_entry
 from .batch_receive import DEFAULT_POLICY
 from .config import ConsumerConfig, ConsumerType
 from .dead_letter import DeadLetterSender
+from .retry_letter import RetryLetterSender, delay_ms, no_retry
 from .topic_consumer import TopicConsumer
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ class AsyncConsumer:
         self.subscriptions_made = 0
         policy = conf.dead_letter_policy
         self._dead_letters = None if policy is None else DeadLetterSender(self, policy)  # type: ignore[arg-type]
+        self._retry_letters = RetryLetterSender(self, policy, self._dead_letters) if conf.retry_enable else None  # type: ignore[arg-type]
         #: The ``message_listener`` given at subscribe; while one is set, ``receive()`` is refused.
         self.message_listener: Callable[..., Any] | None = None
         self._listener_task: asyncio.Task[None] | None = None
@@ -132,12 +135,24 @@ class AsyncConsumer:
         (by id on Shared and Key_Shared subscriptions, else everything unacknowledged, as there)."""
         while not self._closed:
             await asyncio.sleep(unacked.tick_ms / 1000.0)
+            shared = self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared)
             for sub, entries in unacked.tick().items():
                 if sub.parent is not self or sub not in self.topic_consumers:
                     continue
+                if shared and self._dead_letters is not None:
+                    # As the official client: redelivered the maximum number of times, it is dead-lettered.
+                    entries = self._dead_letters.on_timeout(sub, entries)
+                    if not entries:
+                        continue
                 log.warning("%d messages of %s not acknowledged within %d ms; redelivering them",
                             len(entries), sub.topic, unacked.timeout_ms)
                 sub.redeliver([MessageId(sub.partition, ledger, entry) for ledger, entry in entries])
+
+    def on_arrival(self, sub: TopicConsumer, msgs: list[Message]) -> list[Message]:
+        """An entry's messages as they arrive (with a dead-letter policy): those redelivered more
+        often than ``max_redeliver_count`` go to the dead-letter topic instead (see :mod:`.dead_letter`)."""
+        dead = self._dead_letters
+        return msgs if dead is None or self._closed else dead.on_arrival(sub, msgs)
 
     def handed_out(self, msg: Message) -> None:
         """``msg`` goes to the application now: start its ack timeout (if there is one). Thread-safe."""
@@ -451,9 +466,13 @@ class AsyncConsumer:
             sub = message_or_id.consumer
             if sub is not None and sub.parent is self:
                 sub.ack_local(message_or_id, cumulative)
+                if self._dead_letters is not None:
+                    self._dead_letters.forget(sub, message_or_id)
                 return
         sub, mid = self._sub_for(message_or_id)
         sub.ack_local(mid, cumulative)
+        if self._dead_letters is not None:
+            self._dead_letters.forget(sub, mid)
 
     def acknowledge(self, message_or_id: Message | MessageId, txn: AsyncTransaction | None = None) -> Awaitable[None]:
         """Acknowledge one message; await the result. Inside ``txn`` it waits for the broker.
@@ -538,6 +557,25 @@ class AsyncConsumer:
         sub.nack(mid)
         return DONE
 
+    async def reconsume_later(self, message: Message, delay: timedelta | int,
+                              properties: dict[str, str] | None = None) -> None:
+        """Consume ``message`` again after ``delay`` (a ``timedelta`` or ms), as the Java client's
+        ``reconsumeLater``: a copy goes to the retry-letter topic (delivered after the delay, with
+        ``properties`` added), or to the dead-letter topic once reconsumed more than
+        ``max_redeliver_count`` times; then ``message`` is acknowledged. Needs ``retry_enable=True``
+        at subscribe (else :class:`~txn.InvalidConfiguration`)."""
+        self.check_open()
+        if self._retry_letters is None:
+            raise no_retry(self.topic())
+        if not isinstance(message, Message):
+            raise ValueError(f"argument message must be of type Message, not {type(message).__name__}")
+        ms = delay_ms(delay)
+        check_type_or_none(dict, properties, "properties")
+        if properties and not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            raise ValueError("properties must map str to str")
+        self._sub_for(message)
+        await self._retry_letters.reconsume_later(message, ms, properties)
+
     def redeliver_unacknowledged_messages(self) -> None:
         """Ask the broker to redeliver every unacknowledged message now."""
         self.check_open()
@@ -572,6 +610,8 @@ class AsyncConsumer:
             return
         if self._dead_letters is not None:
             await self._dead_letters.close()
+        if self._retry_letters is not None:
+            await self._retry_letters.close()
         self._closed = True
         self._stop_tasks()
         self.receive_queue.close()
@@ -583,6 +623,8 @@ class AsyncConsumer:
         self.check_open()
         if self._dead_letters is not None:
             await self._dead_letters.close()
+        if self._retry_letters is not None:
+            await self._retry_letters.close()
         self._closed = True
         self._stop_tasks()
         self.receive_queue.close()

@@ -53,6 +53,8 @@ class ConsumerConfig:
     start_message_id: MessageId | None = None
     #: a :class:`~.dead_letter.ConsumerDeadLetterPolicy`, or None (no dead-letter topic)
     dead_letter_policy: object | None = None
+    #: subscribed to the retry-letter topic too, for ``reconsume_later`` (the Java client's ``enableRetry``)
+    retry_enable: bool = False
     #: How often a consumer of partitioned topics re-reads their partition counts and subscribes
     #: to partitions added since (as the official client's ``partitionsUpdateInterval``, 60 s).
     #: A partition consumer closed by the broker or resubscribed after that also triggers a check.

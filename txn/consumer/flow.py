@@ -158,6 +158,8 @@ class MessageFlow:
         of the ones not queued."""
         if self.seek_skip is not None and msgs:
             msgs = self._after_seek(msgs)
+        if msgs and self.conf.dead_letter_policy is not None:
+            msgs = self.parent.on_arrival(self, msgs)  # type: ignore[attr-defined]
         # Acknowledged indexes were not charged; compacted-away ones were, and come back here.
         if not self.zero_queue:
             self._skip(charged - len(msgs))
