@@ -116,3 +116,41 @@ def test_cli_usage_errors():
     r = _cli("replay", "--service-url", "pulsar://127.0.0.1:1", "--batch", "x", "--handler", "nomodule",
              "--output", "out")
     assert r.returncode != 0 and "module:function" in r.stderr
+
+
+def test_process_with_schemas_from_the_cli(broker, official, unique_name):
+    import pulsar.schema as ps
+
+    class Order(ps.Record):  # the same definition as txn_shell.examples.handlers.Order
+        _avro_namespace = "pulsar_txn.examples"
+        id = ps.Integer(required=True)
+        item = ps.String()
+        qty = ps.Integer(required=True)
+
+    class OrderLine(ps.Record):
+        _avro_namespace = "pulsar_txn.examples"
+        order = ps.Integer(required=True)
+        n = ps.Integer(required=True)
+        item = ps.String()
+
+    ns = _fresh_ns(broker)
+    inp, out, ledger = (ns + unique_name(x) for x in ("in", "out", "ledger"))
+    p = official.create_producer(inp, schema=ps.JsonSchema(Order))
+    for i in range(6):
+        p.send(Order(id=i, item=f"item{i}", qty=i % 3))
+    p.close()
+    reader = official.subscribe(out, "r", schema=ps.AvroSchema(OrderLine),
+                                initial_position=pulsar.InitialPosition.Earliest)
+    r = _cli("process", "--service-url", broker.service_url, "--input", inp, "--output", out,
+             "--subscription", "cli", "--handler", "txn_shell.examples.handlers:order_lines", "--ledger-topic", ledger,
+             "--input-schema", "json:txn_shell.examples.handlers:Order",
+             "--output-schema", "avro:txn_shell.examples.handlers:OrderLine", "--exit-when-idle-ms", "4000")
+    assert r.returncode == 0, r.stderr
+    got = sorted((m.value().order, m.value().n, m.value().item) for m in read_n(reader, 6))
+    assert got == [(1, 0, "item1"), (2, 0, "item2"), (2, 1, "item2"), (4, 0, "item4"), (5, 0, "item5"),
+                   (5, 1, "item5")]
+    assert read_until_sentinel(official, reader, out) == []
+    bad = _cli("process", "--service-url", broker.service_url, "--input", inp, "--output", out,
+               "--subscription", "cli2", "--handler", "txn_shell.examples.handlers:order_lines",
+               "--input-schema", "xml:whatever")
+    assert bad.returncode != 0 and "--input-schema: schema must be one of bytes, string" in bad.stderr

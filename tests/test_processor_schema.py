@@ -15,6 +15,7 @@ import txn
 import txn.schema as ts
 from txn.delivery.output import Output, OutputEncodingError, normalise
 from txn.delivery.processor import AsyncProcessor, ProcessorConfig
+from txn.delivery.replay import read_ledger, replay_batch
 
 from peer import read_n, read_until_sentinel
 
@@ -200,3 +201,39 @@ def test_normalise_with_an_output_schema():
         normalise("a")
     with pytest.raises(TypeError, match="Output.content is a str"):
         normalise(Output("a"))
+
+
+def test_a_parked_input_replays_decoded_by_its_own_version(broker, official, unique_name):
+    inp, out, ledger = _names(unique_name)
+    p1 = official.create_producer(inp, schema=ps.AvroSchema(P_ORDER), batching_enabled=False)
+    for i in range(3):
+        p1.send(P_ORDER(id=i, item=f"v1-{i}", qty=1))
+    p1.close()
+    p2 = official.create_producer(inp, schema=ps.AvroSchema(P_ORDER2), batching_enabled=False)
+    p2.send(P_ORDER2(id=3, item="v2-3", qty=1, note="n3"))
+    p2.close()
+    reader = official.subscribe(out, "r", schema=ps.StringSchema(), initial_position=pulsar.InitialPosition.Earliest)
+
+    def describe(m):
+        o = m.value()
+        if o.id == 1:
+            raise ValueError("bad order 1")  # a version 1 input: parked
+        return f"{o.id}:{o.item}:{o.note}"
+
+    stats = _run(broker, describe, [inp], out, ledger, max_attempts=2, input_schema=ts.AvroSchema(T_ORDER2),
+                 output_schema=ts.StringSchema())
+    assert sorted(m.value() for m in read_n(reader, 3)) == ["0:v1-0:none", "2:v1-2:none", "3:v2-3:n3"]
+    assert (stats.messages, stats.parked) == (3, 1)
+
+    async def replay_it():
+        async with txn.AsyncClient(broker.service_url) as client:
+            records = await read_ledger(client, ledger)
+            batch = next(r.batch_id for r in records if r.kind == "PARKED")
+            return await replay_batch(client, batch, ledger, lambda m: f"fixed {m.value().id}:{m.value().note}",
+                                      out, input_schema=ts.AvroSchema(T_ORDER2), output_schema=ts.StringSchema())
+
+    res = asyncio.run(replay_it())
+    assert res.replayed and res.messages == 1
+    # The parked copy is the input's bytes, written with version 1: decoded by it, the new field's default.
+    assert [m.value() for m in read_n(reader, 1)] == ["fixed 1:none"]
+    assert read_until_sentinel(official, reader, out) == []

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txn.settings import BrokerSettings, SettingsError, add_broker_arguments
 from txn.version import __version__
@@ -113,6 +113,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = load_handler(args.handler)
+    schemas = _schemas(args)
     broker = BrokerSettings.from_args(args)
     extra = {}
     if args.ledger_topic:
@@ -143,6 +144,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         batch_entry_boundaries=args.batch_entry_boundaries,
         client_kwargs=broker.client_kwargs(),
         metrics=_metrics_options(args),
+        **schemas,
         **extra,
     )
     print(f"processing {', '.join(args.input)} -> {args.output} as job {proc.config.job!r} "
@@ -153,6 +155,30 @@ def cmd_process(args: argparse.Namespace) -> int:
           f"{stats.parked} parked, {stats.duplicates_skipped} already committed per the ledger (acked again, "
           "no output)", file=sys.stderr)
     return 0
+
+
+def _schemas(args: argparse.Namespace) -> dict[str, Any]:
+    """``--input-schema`` / ``--output-schema`` as the processor's (and a replay's) keywords."""
+    from txn.delivery.output import load_schema
+
+    out: dict[str, Any] = {}
+    for flag, key in (("input_schema", "input_schema"), ("output_schema", "output_schema")):
+        spec = getattr(args, flag, None)
+        if spec:
+            try:
+                out[key] = load_schema(spec)
+            except (ValueError, ImportError, AttributeError) as exc:
+                raise SystemExit(f"error: --{flag.replace('_', '-')}: {exc}") from None
+    return out
+
+
+def _add_schema_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-schema", default=None, metavar="SPEC",
+                   help="the inputs' schema, which message.value() decodes by: string, json:module:Record or "
+                        "avro:module:Record (default: none, value() is the bytes)")
+    p.add_argument("--output-schema", default=None, metavar="SPEC",
+                   help="the outputs' schema, registered with the output topic and encoding values the handler "
+                        "returns (same forms)")
 
 
 def _metrics_options(args: argparse.Namespace) -> MetricsOptions | None:
@@ -185,7 +211,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     broker = BrokerSettings.from_args(args)
     try:
         res = replay(broker.require_service_url(), args.batch, ledger, handler=handler, output=args.output,
-                     transform=args.transform, replayer=replayer, **broker.client_kwargs())
+                     transform=args.transform, replayer=replayer, **_schemas(args), **broker.client_kwargs())
     except ReplayError as exc:
         print(f"cannot replay: {exc}", file=sys.stderr)
         return 1
@@ -315,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--subscription", required=True)
     pr.add_argument("--handler", required=True, help="module:function, called with each message")
     pr.add_argument("--job", default=None, help="job name in the ledger (default: the subscription)")
+    _add_schema_arguments(pr)
     pr.add_argument("--batch-max-messages", type=int, default=100)
     pr.add_argument("--batch-max-bytes", type=int, default=8 * 1024 * 1024,
                     help="a batch closes before its inputs' payloads pass this many bytes; a larger input goes "
@@ -362,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     code.add_argument("--handler", default=None, help="module:function called per parked message")
     code.add_argument("--transform", default=None, help="module:function, a Spark DataFrame transform")
     rp.add_argument("--output", required=True, help="output topic (of outputs that name none)")
+    _add_schema_arguments(rp)
     rp.set_defaults(func=cmd_replay)
 
     sp = sub.add_parser("spark", help="Spark exactly-once runtime")

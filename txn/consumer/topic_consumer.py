@@ -220,14 +220,7 @@ class TopicConsumer(MessageFlow, AckTracker):
 
     async def get_schema(self, version: bytes) -> pb.Schema | None:
         """The topic's schema of ``version`` from the broker's registry (GET_SCHEMA); None if it has none."""
-        conn = await self.ctx.pool.connection_for(self.topic)
-        rid = next_request_id()
-        resp = await conn.request(command(T.GET_SCHEMA, request_id=rid, topic=self.topic, schema_version=version), rid)
-        check_error(resp, "get schema", topic=self.topic)
-        r = resp.getSchemaResponse
-        if r.HasField("error_code"):
-            raise from_server_error(pb.ServerError.Name(r.error_code), r.error_message, topic=self.topic)
-        return r.schema if r.HasField("schema") else None
+        return await get_schema(self.ctx, self.topic, version)
 
     async def get_last_message_id(self) -> MessageId:
         """The id of the last message stored on this topic/partition (ledger -1 if empty)."""
@@ -313,3 +306,21 @@ class TopicConsumer(MessageFlow, AckTracker):
             await conn.request(command(T.CLOSE_CONSUMER, consumer_id=self.consumer_id, request_id=rid), rid)
         except PulsarError:
             pass
+
+
+async def get_schema(ctx: Any, topic: str, version: bytes | None = None) -> pb.Schema | None:
+    """``topic``'s schema of ``version`` (its latest without one) from the broker's registry
+    (GET_SCHEMA), over ``ctx``'s connection pool (:attr:`txn.AsyncClient.context`); None if it has none."""
+    conn = await ctx.pool.connection_for(topic)
+    rid = next_request_id()
+    fields: dict[str, Any] = {"request_id": rid, "topic": topic}
+    if version is not None:
+        fields["schema_version"] = version
+    resp = await conn.request(command(T.GET_SCHEMA, **fields), rid)
+    check_error(resp, "get schema", topic=topic)
+    r = resp.getSchemaResponse
+    if r.HasField("error_code"):
+        if r.error_code == pb.ServerError.TopicNotFound:
+            return None
+        raise from_server_error(pb.ServerError.Name(r.error_code), r.error_message, topic=topic)
+    return r.schema if r.HasField("schema") else None

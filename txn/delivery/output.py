@@ -148,6 +148,35 @@ def load_handler(spec: str) -> Callable[..., Any]:
     return obj
 
 
+#: The schema kinds :func:`load_schema` knows.
+SCHEMA_KINDS = ("bytes", "string", "json", "avro")
+
+
+def load_schema(spec: str) -> Any:
+    """A :class:`txn.schema.Schema` from a command-line spec: ``bytes``, ``string``, or
+    ``json:module:Record`` / ``avro:module:Record`` (a :class:`txn.schema.Record` class to import).
+    ``ValueError`` names what is wrong."""
+    from .. import schema as ts
+
+    kind, _, record = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind not in SCHEMA_KINDS:
+        raise ValueError(f"schema must be one of bytes, string, json:module:Record, avro:module:Record; got {spec!r}")
+    if kind in ("bytes", "string"):
+        if record:
+            raise ValueError(f"schema {kind!r} takes no record class, got {spec!r}")
+        return ts.BytesSchema() if kind == "bytes" else ts.StringSchema()
+    module, sep, attr = record.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"schema {kind} needs a record class: '{kind}:module:Record', got {spec!r}")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, ts.Record)):
+        raise ValueError(f"{record} is not a txn.schema.Record class")
+    return ts.JsonSchema(obj) if kind == "json" else ts.AvroSchema(obj)
+
+
 def handler_spec(fn: Callable[..., Any]) -> str | None:
     """``module:qualname`` of ``fn`` if it can be imported back, else None."""
     mod = getattr(fn, "__module__", None)

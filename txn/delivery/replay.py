@@ -22,6 +22,7 @@ keyed by this batch id (the CLI).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -30,14 +31,16 @@ from typing import Any
 from ..bridge import run_blocking
 from ..client import AsyncClient
 from ..consumer import ConsumerType, InitialPosition
+from ..consumer.topic_consumer import get_schema
 from ..errors import Timeout
 from ..message import Message, MessageId
+from ..schema import Schema
 from ..topic import parse_topic
 from .batch_txn import BatchScope
 from .ledger import Kind, LedgerRecord, RecordConfig, now_ms
 from .ledger_reader import batch_records, read_records
 from .output import Output, normalise
-from .processor import PARK_BATCH, PARK_PROPS, PARK_SOURCE_TOPIC
+from .processor import PARK_BATCH, PARK_PROPS, PARK_SCHEMA_VERSION, PARK_SOURCE_TOPIC
 
 REPLAY_SUBSCRIPTION = "pulsar-txn-replay"
 
@@ -96,6 +99,8 @@ async def replay_batch(
     timeout_ms: int | None = None,
     records: Sequence[LedgerRecord] | None = None,
     records_until: MessageId | None = None,
+    input_schema: Schema | None = None,
+    output_schema: Schema | None = None,
 ) -> ReplayResult:
     """Replay the parked messages of ``batch_id`` exactly once (see the module docs).
 
@@ -109,7 +114,11 @@ async def replay_batch(
 
     ``records``: the batch's records as far as the caller knows them, complete up to ledger
     position ``records_until`` (the ledger is read only after it; without ``records_until`` they
-    are taken as complete). Without ``records`` the ledger is read from the start."""
+    are taken as complete). Without ``records`` the ledger is read from the start.
+
+    ``input_schema`` and ``output_schema``: the processor's (``ProcessorConfig``); the handler's
+    ``message.value()`` decodes by the input schema, by the version the input was first written
+    with, and values it returns are encoded by the output schema."""
     if timeout_ms is not None:
         txn_timeout_ms = timeout_ms
     if handler is None and transform is None:
@@ -170,6 +179,9 @@ async def replay_batch(
         # starting up), and the transaction's timeout should only cover the writes.
         loop = asyncio.get_running_loop()
         originals = [_as_original(m) for m in msgs]
+        if input_schema is not None:
+            originals = [await _with_schema(client, o, m, input_schema) for o, m in zip(originals, msgs, strict=True)]
+        encode = None if output_schema is None else output_schema.encode
         if batch_outputs is not None:
             outputs = await loop.run_in_executor(None, batch_outputs, originals)
         else:
@@ -177,7 +189,8 @@ async def replay_batch(
             for original in originals:
                 got = await loop.run_in_executor(None, guarded, "the handler", handler, original)
                 # Iterating the result runs the handler's generator, if it returned one: off the loop too.
-                outputs.extend(await loop.run_in_executor(None, guarded, "the handler's result", normalise, got))
+                outputs.extend(await loop.run_in_executor(None, guarded, "the handler's result",
+                                                          functools.partial(normalise, encode=encode), got))
         for o in outputs:
             topic = o.topic or out_topic
             if topic is None:
@@ -197,9 +210,10 @@ async def replay_batch(
                 for o in outputs:
                     topic = o.topic or out_topic
                     if topic not in producers:
-                        producers[topic] = await client.create_producer(topic, block_if_queue_full=True)
+                        producers[topic] = await client.create_producer(topic, block_if_queue_full=True,
+                                                                        schema=output_schema)
                     await producers[topic].send_async(o.content, properties=o.properties,
-                                                      partition_key=o.partition_key, txn=t)
+                                                      partition_key=o.partition_key, txn=t, encoded=True)
                     counts[topic] = counts.get(topic, 0) + 1
                 await consumer.acknowledge_many(msgs, t)
                 inputs: dict[str, list[str]] = {}
@@ -228,14 +242,51 @@ def _as_original(m: Message) -> Message:
                    m.producer_name(), m.sequence_id(), None)
 
 
+class _Decoded(Message):
+    """A replayed input whose ``value()`` decodes by the processor's input schema."""
+
+    __slots__ = ("_schema", "_version")
+
+    def __init__(self, original: Message, schema: Schema, version: bytes | None) -> None:
+        super().__init__(original.data(), original.properties(), original.message_id(), original.topic_name(),
+                         original.partition_key() or None, original.publish_timestamp(),
+                         original.event_timestamp(), original.redelivery_count(), original.producer_name(),
+                         original.sequence_id(), None)
+        self._schema, self._version = schema, version
+
+    def value(self) -> Any:
+        if self._version is None:
+            return self._schema.decode(self.data())
+        return self._schema.decode_version(self.data(), self.topic_name(), self._version)
+
+    def schema_version(self) -> str:
+        return "" if self._version is None else self._version.decode("utf-8", "surrogateescape")
+
+
+async def _with_schema(client: AsyncClient, original: Message, parked: Message, schema: Schema) -> Message:
+    """``original`` decoding by ``schema``, by the version the parked input was written with."""
+    text = parked.properties().get(PARK_SCHEMA_VERSION)
+    try:
+        version = bytes.fromhex(text) if text else None
+    except ValueError:
+        raise ReplayError(f"parked message {parked.message_id()}: {PARK_SCHEMA_VERSION}={text!r} is not hex") from None
+    topic = original.topic_name()
+    if version is not None and schema.needs_writer(topic, version):
+        wire = await get_schema(client.context, topic, version)
+        if wire is not None:
+            schema.add_writer(topic, version, int(wire.type), wire.schema_data.decode())
+    return _Decoded(original, schema, version)
+
+
 def replay(service_url: str, batch_id: str, ledger_topic: str, handler: Callable[[Message], Any] | None = None,
            output: str | None = None, *, transform: str | None = None, replayer: Replayer | None = None,
+           input_schema: Schema | None = None, output_schema: Schema | None = None,
            **client_kwargs: Any) -> ReplayResult:
     """Blocking form of :func:`replay_batch`."""
 
     async def main() -> ReplayResult:
         async with AsyncClient(service_url, **client_kwargs) as client:
             return await replay_batch(client, batch_id, ledger_topic, handler, output, transform=transform,
-                                      replayer=replayer)
+                                      replayer=replayer, input_schema=input_schema, output_schema=output_schema)
 
     return run_blocking(main(), "replay()")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from txn.message import Message
+from txn.schema import Integer, Record, String
 
 
 def upper(message: Message) -> bytes:
@@ -37,3 +38,28 @@ def mod3(message: Message) -> list[bytes]:
     a handler that filters and fans out, every output unique (the chaos harness checks them)."""
     i = int(message.data())
     return [b"%d:%d" % (i, k) for k in range(i % 3)]
+
+
+class Order(Record):
+    """An example input record (``--input-schema json:txn_shell.examples.handlers:Order``)."""
+
+    _avro_namespace = "pulsar_txn.examples"
+    id = Integer(required=True)
+    item = String()
+    qty = Integer(required=True)
+
+
+class OrderLine(Record):
+    """An example output record (``--output-schema avro:txn_shell.examples.handlers:OrderLine``)."""
+
+    _avro_namespace = "pulsar_txn.examples"
+    order = Integer(required=True)
+    n = Integer(required=True)
+    item = String()
+
+
+def order_lines(message: Message) -> list[OrderLine]:
+    """One :class:`OrderLine` per unit of an :class:`Order` (``message.value()``; none for qty 0):
+    a handler of typed values, for ``--input-schema`` and ``--output-schema``."""
+    o = message.value()
+    return [OrderLine(order=o.id, n=k, item=o.item) for k in range(o.qty)]

@@ -44,6 +44,7 @@ from .parking import (
     PARK_ERROR,
     PARK_JOB,
     PARK_PROPS,
+    PARK_SCHEMA_VERSION,
     PARK_SOURCE_ID,
     PARK_SOURCE_TOPIC,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "PARK_ERROR",
     "PARK_JOB",
     "PARK_PROPS",
+    "PARK_SCHEMA_VERSION",
     "PARK_SOURCE_ID",
     "PARK_SOURCE_TOPIC",
     "AsyncProcessor",

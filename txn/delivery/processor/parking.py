@@ -37,7 +37,11 @@ PARK_SOURCE_ID = "pulsar-txn.source_message_id"
 #: On a parked message that could not be read at all (bad checksum, lying sizes): the check that
 #: failed. Its payload is empty; the source topic and message id say where the entry is stored.
 PARK_CORRUPT = "pulsar-txn.corrupt"
-PARK_PROPS = (PARK_ERROR, PARK_ATTEMPTS, PARK_BATCH, PARK_JOB, PARK_SOURCE_TOPIC, PARK_SOURCE_ID, PARK_CORRUPT)
+#: The schema version the input was written with (hex of the broker's version bytes), if any: the
+#: parked copy is its bytes, so a replay decodes it as the original (``replay_batch(input_schema=)``).
+PARK_SCHEMA_VERSION = "pulsar-txn.schema_version"
+PARK_PROPS = (PARK_ERROR, PARK_ATTEMPTS, PARK_BATCH, PARK_JOB, PARK_SOURCE_TOPIC, PARK_SOURCE_ID, PARK_CORRUPT,
+              PARK_SCHEMA_VERSION)
 
 
 class Parking:
@@ -74,6 +78,9 @@ class Parking:
             PARK_SOURCE_TOPIC: m.topic_name(),
             PARK_SOURCE_ID: str(m.message_id()),
         })
+        version = getattr(m, "raw_schema_version", None)
+        if version:
+            props[PARK_SCHEMA_VERSION] = version.hex()
         started = now_ms()
         while True:
             bt = await self.batches.open(batch_id, attempts, started_at_ms=started)
