@@ -135,14 +135,21 @@ def normalise(result: Any, *, max_outputs: int = MAX_OUTPUTS, max_bytes: int = M
     return out
 
 
-def load_handler(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` (dotted attribute paths allowed after the colon)."""
+def _import_object(spec: str, form: str) -> Any:
+    """Import ``module:attr`` (dotted attribute paths allowed after the colon); ``ValueError``
+    starting with ``form`` if ``spec`` is not of that shape."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"handler must be 'module:function', got {spec!r}")
+        raise ValueError(f"{form}, got {spec!r}")
     obj: Any = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
+    return obj
+
+
+def load_handler(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` (dotted attribute paths allowed after the colon)."""
+    obj = _import_object(spec, "handler must be 'module:function'")
     if not callable(obj):
         raise TypeError(f"{spec} is not callable")
     return obj
@@ -166,12 +173,7 @@ def load_schema(spec: str) -> Any:
         if record:
             raise ValueError(f"schema {kind!r} takes no record class, got {spec!r}")
         return ts.BytesSchema() if kind == "bytes" else ts.StringSchema()
-    module, sep, attr = record.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"schema {kind} needs a record class: '{kind}:module:Record', got {spec!r}")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    obj = _import_object(record, f"schema {kind} needs a record class: '{kind}:module:Record'")
     if not (isinstance(obj, type) and issubclass(obj, ts.Record)):
         raise ValueError(f"{record} is not a txn.schema.Record class")
     return ts.JsonSchema(obj) if kind == "json" else ts.AvroSchema(obj)
