@@ -208,22 +208,28 @@ def test_string_both_ways(broker: Any, topic: str, java_peer: list[str]) -> None
     assert [(r["version"], r["data"]) for r in _schemas(broker.admin_url, topic)] == [(0, "null"), (1, "")]
 
 
-def test_incompatible_avro_records_are_refused_both_ways(broker: Any, topic: str, java_peer: list[str]) -> None:
+def test_other_records_by_compatibility_both_ways(broker: Any, topic: str, java_peer: list[str]) -> None:
     """Our ``AvroSchema(Item)`` registered first: the Java producer of another record (``Other``) gets
-    IncompatibleSchemaException. Java's ``Other`` registered first: a producer or consumer of
-    ``Item`` gets ``txn.IncompatibleSchema`` (``pulsar.IncompatibleSchema`` from the official
-    client), one of ``Other`` reads Java's message; each topic's registry keeps its one version."""
+    IncompatibleSchemaException, one of Item plus a nullable field (defaulted, first) registers version 1,
+    and both Python clients' ``Item`` consumers read its message by that writer's definition. Java's
+    ``Other`` registered first: a producer or consumer of ``Item`` gets ``txn.IncompatibleSchema``
+    (``pulsar.IncompatibleSchema`` from the official client), one of ``Other`` reads Java's message."""
     java_first = f"{topic}-java"
     client, official = txn.Client(broker.service_url), pulsar.Client(broker.service_url)
     try:
         client.create_producer(topic, schema=ts.AvroSchema(Item)).close()
-        other = Other.schema()
-        refused, registered = _run(
+        other, evolved = Other.schema(), Item.schema()
+        # the new field first: read by the reader's definition alone, the message would not decode
+        evolved["fields"] = [{"name": "extra", "type": ["null", "string"], "default": None}, *evolved["fields"]]
+        refused, registered, added = _run(
             java_peer, broker.service_url,
             {"op": "produce", "topic": topic, "kind": "avro", "definition": other, "values": [{"code": 1}]},
-            {"op": "produce", "topic": java_first, "kind": "avro", "definition": other, "values": [{"code": 7}]})
+            {"op": "produce", "topic": java_first, "kind": "avro", "definition": other, "values": [{"code": 7}]},
+            {"op": "produce", "topic": topic, "kind": "avro", "definition": evolved,
+             "values": [{**_plain(1, "name"), "extra": "more"}]})
         assert refused == [{"error": "IncompatibleSchemaException"}]
         assert len(registered) == 1 and "sent" in registered[0], registered
+        assert len(added) == 1 and "sent" in added[0], added
         for c, error, m, item, other_cls, earliest in (
                 (client, txn.IncompatibleSchema, ts, Item, Other, txn.InitialPosition.Earliest),
                 (official, pulsar.IncompatibleSchema, ps, OItem, OOther, pulsar.InitialPosition.Earliest)):
@@ -233,12 +239,14 @@ def test_incompatible_avro_records_are_refused_both_ways(broker: Any, topic: str
                 c.subscribe(java_first, "s", schema=m.AvroSchema(item))
             with pytest.raises(error):
                 c.create_producer(topic, schema=m.AvroSchema(other_cls))
-            reader = c.subscribe(java_first, "s", schema=m.AvroSchema(other_cls), initial_position=earliest)
-            got = reader.receive(10000)
-            assert (got.value(), got.schema_version(), _java_id(got.message_id())) == (
-                other_cls(code=7), FIRST, registered[0]["sent"])
-            reader.close()
-        assert (_versions(broker.admin_url, topic), _versions(broker.admin_url, java_first)) == ([0], [0])
+            for t, schema, value, version, sent in (
+                    (java_first, m.AvroSchema(other_cls), other_cls(code=7), FIRST, registered[0]["sent"]),
+                    (topic, m.AvroSchema(item), _item(1, m), "\x00" * 7 + "\x01", added[0]["sent"])):
+                reader = c.subscribe(t, "s", schema=schema, initial_position=earliest)
+                got = reader.receive(10000)
+                assert (got.value(), got.schema_version(), _java_id(got.message_id())) == (value, version, sent)
+                reader.close()  # unacknowledged: the next client's consumer of "s" gets it again
+        assert (_versions(broker.admin_url, topic), _versions(broker.admin_url, java_first)) == ([0, 1], [0])
     finally:
         client.close()
         official.close()
