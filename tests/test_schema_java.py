@@ -53,6 +53,7 @@ def _records(m: Any) -> tuple[Any, Any, Any]:
         scores = m.Map(m.Double())
         inner = Inner()
         color = m.CustomEnum(Color)
+        blob = m.Bytes()
 
     class Other(m.Record):
         _avro_namespace = "interop.v1"
@@ -71,15 +72,22 @@ def _item(i: int, m: Any = ts) -> Any:
     inner, item = (Inner, Item) if m is ts else (OInner, OItem)
     return item(name=f"naïve ☃ {i}", count=-i - 1, total=2**40 + i, ratio=i + 0.25, ok=i % 2 == 0,
                 note=None if i % 2 else f"n{i}", tags=[f"t{i}", "日本"][: i + 1], scores={"a": 1.5 * i, "é": -0.5},
-                inner=inner(label=f"in{i}", weight=i / 8), color=list(Color)[i % 3])
+                inner=inner(label=f"in{i}", weight=i / 8), color=list(Color)[i % 3], blob=_blob(i))
 
 
-def _plain(i: int, enum_as: str) -> dict[str, Any]:
-    """Message ``i`` as plain JSON, its enum by name (Avro) or by value (JSON, as the official client)."""
+def _blob(i: int) -> bytes:
+    return bytes([0, i]) + "é".encode()
+
+
+def _plain(i: int, kind: str) -> dict[str, Any]:
+    """Message ``i`` as plain JSON, as the Java peer prints and takes it: for ``"avro"`` the enum by
+    name and the bytes as latin-1 text (one char a byte), for ``"json"`` the enum by value and the
+    bytes as UTF-8 text (both as the official client writes them)."""
     color = list(Color)[i % 3]
     return {"name": f"naïve ☃ {i}", "count": -i - 1, "total": 2**40 + i, "ratio": i + 0.25, "ok": i % 2 == 0,
             "note": None if i % 2 else f"n{i}", "tags": [f"t{i}", "日本"][: i + 1], "scores": {"a": 1.5 * i, "é": -0.5},
-            "inner": {"label": f"in{i}", "weight": i / 8}, "color": color.name if enum_as == "name" else color.value}
+            "inner": {"label": f"in{i}", "weight": i / 8}, "color": color.name if kind == "avro" else color.value,
+            "blob": _blob(i).decode("latin-1" if kind == "avro" else "utf-8")}
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +181,7 @@ def _both_ways(broker: Any, java_peer: list[str], topic: str, kind: str, schemas
 
 def _avro_json(kind: str, batch: bool = False) -> dict[str, Any]:
     ours, official = (ts.AvroSchema, ps.AvroSchema) if kind == "avro" else (ts.JsonSchema, ps.JsonSchema)
-    plain = [_plain(i, "name" if kind == "avro" else "value") for i in range(N)]
+    plain = [_plain(i, kind) for i in range(N)]
     return {"kind": kind, "schemas": (ours(Item), official(OItem)), "batch": batch,
             "values": ([_item(i) for i in range(N)], [_item(i, ps) for i in range(N)]),
             "java_reads": plain, "java_writes": plain}
@@ -226,7 +234,7 @@ def test_other_records_by_compatibility_both_ways(broker: Any, topic: str, java_
             {"op": "produce", "topic": topic, "kind": "avro", "definition": other, "values": [{"code": 1}]},
             {"op": "produce", "topic": java_first, "kind": "avro", "definition": other, "values": [{"code": 7}]},
             {"op": "produce", "topic": topic, "kind": "avro", "definition": evolved,
-             "values": [{**_plain(1, "name"), "extra": "more"}]})
+             "values": [{**_plain(1, "avro"), "extra": "more"}]})
         assert refused == [{"error": "IncompatibleSchemaException"}]
         assert len(registered) == 1 and "sent" in registered[0], registered
         assert len(added) == 1 and "sent" in added[0], added

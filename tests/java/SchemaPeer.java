@@ -1,17 +1,18 @@
-// The Java client's side of tests/test_schema_java.py: runs the jobs read from stdin (a JSON list),
-// in order, with one client, and prints one line "RESULT <json>" per result (the client logs to stdout too).
+// The Java client's side of tests/test_schema_java.py: runs the jobs read from stdin (a JSON list)
+// in order, with one client, and prints one line "RESULT <json>" per result (the client logs to
+// stdout too).
 //
 // Args: SERVICE_URL
 // A job: {"op": "consume", "topic": T, "kind": "avro"|"json"|"string", "count": N}
 //   subscribes ("java", earliest) with Schema.AUTO_CONSUME() (Schema.STRING for "string"), takes N
-//   messages, acknowledges each and prints {"job": I, "id": ID, "value": V, "version": HEX} per message: V is
-//   the GenericRecord's fields as plain JSON (an Avro record's walked by its schema, a JSON record's
-//   node as read).
+//   messages, acknowledges each and prints {"job": I, "id": ID, "value": V, "version": HEX} per
+//   message: V is the GenericRecord's fields as plain JSON (an Avro record's walked by its schema,
+//   bytes as latin-1 text; a JSON record's node as read).
 // A job: {"op": "produce", "topic": T, "kind": K, "definition": D, "values": [V, ...], "batch": B}
 //   creates a producer with Schema.generic of a SchemaInfo holding D (Schema.STRING for "string"),
-//   sends each V (an Avro record built from V by the definition; a JSON record holding V; all in
-//   one batch if B) and prints {"job": I, "sent": ID}; a refused producer prints
-//   {"job": I, "error": EXCEPTION_CLASS}.
+//   sends each V (an Avro record built from V by the definition, bytes from latin-1 text; a JSON
+//   record holding V), all in one batch if B, and prints {"job": I, "sent": ID}; a refused
+//   producer prints {"job": I, "error": EXCEPTION_CLASS}.
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -105,6 +106,11 @@ public class SchemaPeer {
                 out.put(f.name(), plain(r.get(f.pos())));
             }
             return out;
+        }
+        if (v instanceof ByteBuffer b) {
+            byte[] bytes = new byte[b.remaining()];
+            b.duplicate().get(bytes);
+            return new String(bytes, StandardCharsets.ISO_8859_1);
         }
         if (v instanceof CharSequence || v instanceof GenericEnumSymbol) {
             return v.toString();
@@ -214,7 +220,7 @@ public class SchemaPeer {
             case BOOLEAN:
                 return v.asBoolean();
             case BYTES:
-                return ByteBuffer.wrap(v.asText().getBytes(StandardCharsets.UTF_8));
+                return ByteBuffer.wrap(v.asText().getBytes(StandardCharsets.ISO_8859_1));
             case NULL:
                 return null;
             default:
