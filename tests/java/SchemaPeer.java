@@ -158,7 +158,8 @@ public class SchemaPeer {
         Producer<T> producer;
         try {
             producer = builder.topic(job.get("topic").asText()).enableBatching(batch)
-                    .batchingMaxPublishDelay(10, TimeUnit.SECONDS).batchingMaxMessages(Math.max(1, values.size())).create();
+                    .batchingMaxPublishDelay(10, TimeUnit.SECONDS).batchingMaxMessages(Math.max(1, values.size()))
+                    .create();
         } catch (PulsarClientException e) {
             print(i, "error", e.getClass().getSimpleName());
             return;
