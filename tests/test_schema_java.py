@@ -1,8 +1,9 @@
 """Schemas with the Java client (``tests/java/SchemaPeer.java``, run against the Pulsar
-distribution's jars), both ways on the same topic and schema: AVRO and JSON records (Java reads
-ours with ``Schema.AUTO_CONSUME()``, writes with ``Schema.generic`` of our definition), STRING with
-non-ASCII text, and a different AVRO record refused on either side. One Java process per test, its
-jobs in order."""
+distribution's jars), both ways on the same topic and schema, beside the official client doing the
+same on a topic of its own: AVRO and JSON records (Java reads with ``Schema.AUTO_CONSUME()`` and
+writes with ``Schema.generic`` of our definition), AVRO in batches, STRING with non-ASCII text; a
+different AVRO record refused on either side and a compatible one from Java read by its definition.
+One Java process per test, running its jobs in order."""
 
 from __future__ import annotations
 
