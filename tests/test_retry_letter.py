@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
+from java_peer import compiled_peer, run_peer
 
 import txn
 from txn.admin import admin_request, topic_path
-from txn_shell.localbroker import ensure_distribution
-
-JAVA_SOURCE = Path(__file__).resolve().parent / "java" / "RetryPeer.java"
 
 
 def _java_id(mid: Any) -> str:
@@ -233,25 +227,13 @@ def test_reconsume_later_of_a_chunked_message(broker: Any, topic: str) -> None:
 @pytest.fixture(scope="module")
 def java_peer() -> Iterator[list[str]]:
     """The command (less its arguments) running tests/java/RetryPeer.java, compiled once."""
-    java, javac = shutil.which("java"), shutil.which("javac")
-    assert java and javac, "the Java peer needs a JDK (java and javac on PATH)"
-    lib = ensure_distribution(progress=lambda _: None) / "lib"
-    api = sorted(lib.glob("org.apache.pulsar-pulsar-client-api-*.jar"))
-    assert api, f"no pulsar-client-api jar in {lib}"
-    workdir = tempfile.mkdtemp(prefix="txn-retry-peer-")
-    try:
-        subprocess.run([javac, "-d", workdir, "-cp", str(api[0]), str(JAVA_SOURCE)], check=True,
-                       capture_output=True, text=True, timeout=120)
-        yield [java, "-Djava.net.preferIPv4Stack=true", "-cp", f"{workdir}:{lib}/*", "RetryPeer"]
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with compiled_peer("RetryPeer") as cmd:
+        yield cmd
 
 
 def _run_peer(cmd: list[str], *args: str) -> dict[str, Any]:
-    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got: dict[str, Any] = {"props": {}}
-    for line in proc.stdout.splitlines():
+    for line in run_peer(cmd, *args).splitlines():
         word, _, rest = line.partition(" ")
         if word == "prop":
             name, _, value = rest.partition("=")
