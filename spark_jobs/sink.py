@@ -15,7 +15,9 @@ Columns: ``value`` (binary or string, required), ``key`` (string or binary (UTF-
 (map<string,string>, optional). Other columns are refused.
 
 Options: ``service_url`` (required); ``admin_url`` (used to check deduplication; without it a
-warning is logged); ``topic``; ``txn_timeout_ms`` (default 60000: the whole write, or micro-batch,
+warning is logged, and a retried or speculative task attempt fails the write with
+:class:`UncheckedRetry`, since nothing shows that the broker would drop its duplicates); ``topic``;
+``txn_timeout_ms`` (default 60000: the whole write, or micro-batch,
 must finish within it); ``ledger_topic`` (default ``pulsar-txn-ledger`` in ``topic``'s namespace;
 required without ``topic``); ``job`` (the name in the ledger, default ``spark-pulsar-txn``);
 ``deterministic_order`` (default true, see below); ``batch_max_rows`` (default 1000) and
@@ -203,6 +205,7 @@ __all__ = [
     "SinkCommitMessage",
     "SinkError",
     "SinkOptions",
+    "UncheckedRetry",
     "write_batch_exactly_once",
 ]
 
@@ -392,6 +395,23 @@ def _check_schema(schema: StructType, opts: SinkOptions) -> _Columns:
     return _Columns(k is not None, t is not None, p is not None, e is not None)
 
 
+class UncheckedRetry(SinkError):
+    """A retried (or speculative) task attempt of a sink without ``admin_url``: nothing shows that
+    broker deduplication would drop what an earlier attempt stored, so the attempt fails (and with
+    it the write, whose transaction is aborted) rather than risk duplicate rows."""
+
+    def __init__(self, partition_id: int, attempt: int) -> None:
+        self.partition_id, self.attempt = partition_id, attempt
+        super().__init__(
+            f"pulsar-txn sink: attempt {attempt} of write task {partition_id} refused: without option adminUrl the "
+            "sink cannot check that broker deduplication is enabled, so a retried task could duplicate rows; the "
+            "write fails and its transaction is aborted. Give adminUrl (with deduplication enabled on the output "
+            "namespaces) to have retries written exactly once")
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        return type(self), (self.partition_id, self.attempt)
+
+
 # ------------------------------------------------------------------------- messages
 
 
@@ -450,6 +470,8 @@ class _WriterBase:
                             "behaviour: the writer is expected to be pickled on the driver)")
         partition_id, attempt = self._task_info()
         o = self.opts
+        if attempt > 0 and not o.admin_url:
+            raise UncheckedRetry(partition_id, attempt)
         plan = TaskPlan(
             service_url=o.service_url, admin_url=o.admin_url, txn_id=self.txn_id, txn_timeout_ms=o.txn_timeout_ms,
             default_topic=o.topic, lease_topic=o.ledger_topic, partition_id=partition_id, attempt=attempt,

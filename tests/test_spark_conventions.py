@@ -29,7 +29,7 @@ from spark_jobs.sink import ExtraColumnsError, SinkOptions  # noqa: E402
 from spark_jobs.source import SourceOptions  # noqa: E402
 from txn.admin import create_namespace, enable_namespace_dedup  # noqa: E402
 
-from peer import read_n  # noqa: E402
+from peer import read_n, read_until_sentinel  # noqa: E402
 from spark_session import spark  # noqa: E402, F401
 
 URL = "pulsar://127.0.0.1:6650"
@@ -219,3 +219,87 @@ def test_register_names_a_worker_python_that_cannot_import_the_project(tmp_path:
                           capture_output=True, text=True, timeout=300)
     assert good.returncode == 0, good.stderr[-3000:]
     assert "registered" in good.stdout and "task: ['txn']" in good.stdout
+
+
+# ------------------------------------------------------- sink: retries it cannot check
+
+#: Run by the venv's interpreter with task retries (``local[2,3]``): partition 0's first attempt
+#: fails in a UDF upstream of the sink, so Spark retries it. argv: service URL, topic, job[, admin URL].
+RETRY_SCRIPT = r"""
+import sys
+from pyspark import TaskContext
+from pyspark.sql import SparkSession, functions as F
+import spark_jobs
+url, topic, job = sys.argv[1:4]
+spark = (SparkSession.builder.master("local[2,3]").appName("sink-retry").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+
+def flaky(i):
+    if i == 7 and TaskContext.get().attemptNumber() == 0:
+        raise ValueError("first attempt fails")
+    return f"v{i}"
+
+try:
+    spark_jobs.register(spark)
+    df = spark.range(0, 20, 1, 2).select(F.udf(flaky, "string")("id").alias("value"))
+    opts = {"service_url": url, "topic": topic, "job": job}
+    if len(sys.argv) > 4:
+        opts["admin_url"] = sys.argv[4]
+    try:
+        df.write.format("pulsar-txn").mode("append").options(**opts).save()
+        print("written")
+    except Exception as exc:
+        print("failed:", " ".join(str(exc).split()))
+finally:
+    spark.stop()
+"""
+
+
+def test_sink_without_admin_url_fails_a_retried_task(broker, dedup_ns, unique_name, tmp_path: Path) -> None:  # noqa: ANN001
+    """Without ``admin_url`` nothing shows that broker deduplication would drop what a failed attempt
+    stored, so a retried task attempt fails the write (UncheckedRetry) instead of only logging: the
+    transaction is aborted, nothing is visible, the ledger says ABORTED. With ``admin_url`` the same
+    retry is written exactly once."""
+    script = tmp_path / "retry.py"
+    script.write_text(RETRY_SCRIPT)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        for admin in ((), (broker.admin_url,)):
+            topic, job = f"persistent://{dedup_ns}/{unique_name('retry')}", unique_name("job")
+            proc = subprocess.run([sys.executable, str(script), broker.service_url, topic, job, *admin], env=env,
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            c = client.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+            got = sorted(m.data() for m in read_until_sentinel(client, c, topic, timeout_s=60))
+            records = [r for r in _ledger(broker, topic) if r.job == job]
+            if admin:
+                assert proc.stdout.splitlines() == ["written"], proc.stdout
+                assert got == sorted(f"v{i}".encode() for i in range(20))
+                assert [r.kind for r in records] == ["STARTED", "COMMITTED"]
+                assert records[1].config["task_attempts"]["0"] == 1
+            else:
+                (line,) = proc.stdout.splitlines()
+                assert line.startswith("failed: "), line
+                assert "UncheckedRetry: pulsar-txn sink: attempt 2 of write task 0 refused" in line, line
+                assert "without option adminUrl" in line, line
+                assert got == []
+                assert [r.kind for r in records] == ["STARTED", "ABORTED"]
+    finally:
+        client.close()
+
+
+def _ledger(broker, topic: str) -> list:  # noqa: ANN001
+    """The records of ``topic``'s default ledger (read with txn's ledger reader)."""
+    import asyncio
+
+    from txn.client import AsyncClient
+    from txn.delivery.ledger import default_ledger_topic
+    from txn.delivery.replay import read_ledger
+
+    async def go() -> list:
+        async with AsyncClient(broker.service_url) as c:
+            return await read_ledger(c, default_ledger_topic(topic))
+
+    return asyncio.run(go())
