@@ -169,6 +169,8 @@ from .options import (
     CONNECTION_ALIASES,
     SECURITY_OPTIONS,
     broker_settings,
+    camel_aliases,
+    camel_case,
     lower_options,
     refuse_unknown,
     resolve_aliases,
@@ -221,9 +223,12 @@ _FALSE = ("false", "0", "no", "off")
 
 
 #: Every option the sink reads, as users write them (``checkpointLocation`` is Spark's own).
-SINK_OPTIONS = ("service_url", "admin_url", "topic", "ledger_topic", "job", "txn_timeout_ms", "deterministic_order",
-                "batch_max_rows", "batch_max_bytes", "query_id", "batch_id", "extraColumns", "writer",
+SINK_OPTIONS = ("serviceUrl", "adminUrl", "topic", "ledgerTopic", "job", "txnTimeoutMs", "deterministicOrder",
+                "batchMaxRows", "batchMaxBytes", "queryId", "batchId", "extraColumns", "writer",
                 "checkpointLocation", *SECURITY_OPTIONS)
+#: Internal key -> other names: the camelCase names above for the snake-case keys (the older names).
+SINK_ALIASES = {**CONNECTION_ALIASES, **camel_aliases(("ledger_topic", "txn_timeout_ms", "deterministic_order",
+                                                       "batch_max_rows", "batch_max_bytes", "query_id", "batch_id"))}
 
 
 @dataclass(slots=True)
@@ -258,10 +263,10 @@ class SinkOptions:
     def parse(cls, options: Any) -> SinkOptions:
         """From Spark's (case-insensitive) options; raises :class:`SinkError` on bad ones
         (:class:`spark_jobs.options.OptionError` for connection options, alias conflicts and unknown options)."""
-        o = resolve_aliases(lower_options(options), CONNECTION_ALIASES)
-        refuse_unknown(o, SINK_OPTIONS, "pulsar-txn sink")
+        o = resolve_aliases(lower_options(options), SINK_ALIASES)
+        refuse_unknown(o, SINK_OPTIONS, "pulsar-txn sink", SINK_ALIASES)
         if not o.get("service_url"):
-            raise SinkError("the pulsar-txn sink needs option service_url (alias service.url), "
+            raise SinkError("the pulsar-txn sink needs option serviceUrl (aliases service_url, service.url), "
                             "e.g. pulsar://localhost:6650")
         settings = broker_settings(o, "pulsar-txn sink")
         url = settings.service_url
@@ -279,37 +284,37 @@ class SinkOptions:
         ledger = o.get("ledger_topic") or None
         if ledger is None:
             if topic is None:
-                raise SinkError("without option topic the pulsar-txn sink needs option ledger_topic")
+                raise SinkError("without option topic the pulsar-txn sink needs option ledgerTopic")
             ledger = default_ledger_topic(topic)
         try:
             ledger = canonical_topic(ledger)
         except ValueError as exc:
-            raise SinkError(f"option ledger_topic: {exc}") from None
+            raise SinkError(f"option ledgerTopic: {exc}") from None
         try:
             timeout = int(o.get("txn_timeout_ms", 60000))
         except ValueError:
-            raise SinkError(f"option txn_timeout_ms must be an integer, got {o.get('txn_timeout_ms')!r}") from None
+            raise SinkError(f"option txnTimeoutMs must be an integer, got {o.get('txn_timeout_ms')!r}") from None
         if timeout <= 0:
-            raise SinkError("option txn_timeout_ms must be positive")
+            raise SinkError("option txnTimeoutMs must be positive")
         det = str(o.get("deterministic_order", "true")).strip().lower()
         if det not in _TRUE + _FALSE:
-            raise SinkError(f"option deterministic_order must be true or false, got {det!r}")
+            raise SinkError(f"option deterministicOrder must be true or false, got {det!r}")
         batch_id = o.get("batch_id")
         try:
             batch_id = None if batch_id in (None, "") else int(batch_id)
         except ValueError:
-            raise SinkError(f"option batch_id must be an integer, got {batch_id!r}") from None
+            raise SinkError(f"option batchId must be an integer, got {batch_id!r}") from None
         query_id = o.get("query_id") or None
         if batch_id is not None and not query_id:
-            raise SinkError("option batch_id needs option query_id")
+            raise SinkError("option batchId needs option queryId")
         limits = {}
         for name, default in (("batch_max_rows", BATCH_MAX_ROWS), ("batch_max_bytes", BATCH_MAX_BYTES)):
             try:
                 limits[name] = int(o.get(name, default))
             except ValueError:
-                raise SinkError(f"option {name} must be an integer, got {o.get(name)!r}") from None
+                raise SinkError(f"option {camel_case(name)} must be an integer, got {o.get(name)!r}") from None
             if limits[name] <= 0:
-                raise SinkError(f"option {name} must be positive")
+                raise SinkError(f"option {camel_case(name)} must be positive")
         return cls(
             service_url=str(url),
             admin_url=settings.admin_url,
@@ -338,7 +343,7 @@ class SinkOptions:
         raise SinkError(
             "a pulsar-txn streaming write needs the query's identity to recognise a replayed micro-batch: give "
             "option checkpointLocation on a local file system (its metadata file holds the query id) or option "
-            f"query_id (a stable name; change it when the checkpoint is reset). checkpointLocation="
+            f"queryId (a stable name; change it when the checkpoint is reset). checkpointLocation="
             f"{self.checkpoint_location!r}"
         )
 
@@ -677,7 +682,9 @@ class PulsarTxnStreamArrowWriter(PulsarTxnStreamWriter, DataSourceStreamArrowWri
 
 
 class PulsarTxnDataSource(DataSource):
-    """The ``pulsar-txn`` format (write only): see the module docs."""
+    """The ``pulsar-txn`` format: this sink, and the ``pulsar`` source's reads under the same name
+    (``spark.read.format("pulsar-txn")``; the source's options, see :mod:`spark_jobs.source`).
+    ``pulsar``, which StreamNative's connector also calls itself, stays the source's old name."""
 
     #: The writer classes by option ``writer``: (batch, streaming).
     WRITERS: dict[str, tuple[type[PulsarTxnWriter], type[PulsarTxnStreamWriter]]] = {
@@ -688,6 +695,21 @@ class PulsarTxnDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return FORMAT
+
+    def schema(self) -> StructType:
+        from .source import SCHEMA
+
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> Any:
+        from .source import PulsarDataSource
+
+        return PulsarDataSource(self.options).reader(schema)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802
+        from .source import PulsarDataSource
+
+        return PulsarDataSource(self.options).streamReader(schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> PulsarTxnWriter:
         if overwrite:

@@ -282,7 +282,7 @@ class SourceOptions:
 
 #: The source's option aliases (lower case): StreamNative's names, and ``topic`` for one topic.
 #: Every option the source reads, as users write them (aliases are folded in first).
-SOURCE_OPTIONS = ("service_url", "admin_url", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
+SOURCE_OPTIONS = ("serviceUrl", "adminUrl", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
                   "maxMessagesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs", "subscription",
                   "predefinedSubscription", "failOnDataLoss", *SECURITY_OPTIONS)
 
@@ -300,7 +300,7 @@ def _source_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if single is not None and "," in str(single):
         raise OptionError(f"option topic names one topic, got {single!r}; use topics for a comma-separated list")
     o = resolve_aliases(o, SOURCE_ALIASES)
-    refuse_unknown(o, SOURCE_OPTIONS, "pulsar source")
+    refuse_unknown(o, SOURCE_OPTIONS, "pulsar source", SOURCE_ALIASES)
     return o
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import functions as F  # noqa: E402
 
 from spark_jobs.options import OptionConflict, OptionError, UnknownOption  # noqa: E402
-from spark_jobs.sink import ExtraColumnsError, SinkOptions  # noqa: E402
+from spark_jobs.sink import ExtraColumnsError, SinkError, SinkOptions  # noqa: E402
 from spark_jobs.source import SourceOptions  # noqa: E402
 from txn.admin import create_namespace, enable_namespace_dedup  # noqa: E402
 
@@ -49,8 +49,9 @@ def test_source_accepts_streamnative_names() -> None:
 
 
 @pytest.mark.parametrize(("options", "option"), [
-    ({"service_url": URL, "service.url": "pulsar://other:6650", "topics": "a"}, "service_url"),
-    ({"service_url": URL, "admin_url": ADMIN, "ADMIN.URL": "http://other:8080", "topics": "a"}, "admin_url"),
+    ({"service_url": URL, "service.url": "pulsar://other:6650", "topics": "a"}, "serviceUrl"),
+    ({"service_url": URL, "admin_url": ADMIN, "ADMIN.URL": "http://other:8080", "topics": "a"}, "adminUrl"),
+    ({"serviceUrl": URL, "service_url": "pulsar://other:6650", "topics": "a"}, "serviceUrl"),
     ({"service_url": URL, "topic": "a", "topics": "b"}, "topics"),
 ])
 def test_source_alias_conflict_is_a_typed_error(options: dict[str, str], option: str) -> None:
@@ -77,12 +78,50 @@ def test_source_refuses_unknown_options(options: dict[str, str], option: str, hi
 
 
 def test_sink_refuses_unknown_options() -> None:
-    with pytest.raises(UnknownOption, match="did you mean txn_timeout_ms"):
+    with pytest.raises(UnknownOption, match="did you mean txnTimeoutMs"):
         SinkOptions.parse({"service_url": URL, "topic": "out", "txn_timeout": "1000"})
     with pytest.raises(UnknownOption, match="StreamNative"):
         SinkOptions.parse({"service_url": URL, "topic": "out", "pulsar.client.authParams": "token:x"})
     ok = SinkOptions.parse({"service_url": URL, "topic": "out", "checkpointLocation": "/tmp/c", "writer": "rows"})
     assert ok.topic == "persistent://public/default/out"
+
+
+def test_options_are_camel_case_with_the_older_names_as_aliases() -> None:
+    """One style, Spark's: every option a face lists (and names in its errors) is camelCase; the
+    snake-case names of before give the same options, and both at once must agree."""
+    from spark_jobs.sink import SINK_OPTIONS
+    from spark_jobs.source import SOURCE_OPTIONS
+
+    for name in (*SOURCE_OPTIONS, *SINK_OPTIONS):
+        assert "_" not in name and name[0].islower(), name
+    camel = SinkOptions.parse({"serviceUrl": URL, "adminUrl": ADMIN, "topic": "out", "ledgerTopic": "led",
+                               "txnTimeoutMs": "5000", "deterministicOrder": "false", "batchMaxRows": "7",
+                               "batchMaxBytes": "999", "queryId": "q1", "batchId": "3"})
+    snake = SinkOptions.parse({"service_url": URL, "admin_url": ADMIN, "topic": "out", "ledger_topic": "led",
+                               "txn_timeout_ms": "5000", "deterministic_order": "false", "batch_max_rows": "7",
+                               "batch_max_bytes": "999", "query_id": "q1", "batch_id": "3"})
+    assert camel == snake
+    assert (camel.service_url, camel.admin_url, camel.ledger_topic, camel.txn_timeout_ms, camel.deterministic_order,
+            camel.batch_max_rows, camel.batch_max_bytes, camel.query_id, camel.batch_id) == (
+        URL, ADMIN, "persistent://public/default/led", 5000, False, 7, 999, "q1", 3)
+    both = SinkOptions.parse({"serviceUrl": URL, "topic": "out", "txnTimeoutMs": "5000", "txn_timeout_ms": "5000"})
+    assert both.txn_timeout_ms == 5000
+    with pytest.raises(OptionConflict) as info:
+        SinkOptions.parse({"serviceUrl": URL, "topic": "out", "txnTimeoutMs": "5000", "txn_timeout_ms": "6000"})
+    assert info.value.option == "txnTimeoutMs"
+    assert info.value.given == {"txntimeoutms": "5000", "txn_timeout_ms": "6000"}
+    with pytest.raises(SinkError, match="option batchMaxRows must be positive"):
+        SinkOptions.parse({"serviceUrl": URL, "topic": "out", "batch_max_rows": "0"})
+    with pytest.raises(SinkError, match="needs option serviceUrl"):
+        SinkOptions.parse({"topic": "out"})
+    with pytest.raises(UnknownOption) as unknown:
+        SinkOptions.parse({"serviceUrl": URL, "topic": "out", "batch_maxrows": "5"})
+    listed = str(unknown.value).split("(known: ")[1]
+    assert "txnTimeoutMs" in listed and "serviceUrl" in listed and "_" not in listed
+    src = SourceOptions.parse({"serviceUrl": URL, "adminUrl": ADMIN, "topics": "orders"})
+    assert src == SourceOptions.parse({"service_url": URL, "admin_url": ADMIN, "topics": "orders"})
+    with pytest.raises(UnknownOption, match="did you mean topicsPattern"):
+        SourceOptions.parse({"serviceUrl": URL, "topics_pattern": "a.*"})
 
 
 def test_source_topic_is_one_topic() -> None:
@@ -146,6 +185,39 @@ def _df(session, n: int = 6):  # noqa: ANN001, ANN202
 
 def _expected_event_ms(i: int) -> int:
     return 0 if i == 0 else int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp() * 1000) + i * 1000 + 7
+
+
+def test_one_name_reads_and_writes(spark, broker, dedup_ns, unique_name, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    """``pulsar-txn`` writes, and reads back (batch and streaming) what ``pulsar``, the source's old
+    name (StreamNative's connector's too), reads: the same rows, in order."""
+    from spark_jobs.sink import PulsarTxnDataSource
+    from spark_jobs.source import SCHEMA, PulsarDataSource
+
+    assert (PulsarTxnDataSource.name(), PulsarDataSource.name()) == ("pulsar-txn", "pulsar")
+    topic = f"persistent://{dedup_ns}/{unique_name('one')}"
+    df = spark.createDataFrame([(f"v{i}".encode(), f"k{i}") for i in range(5)], "value binary, key string")
+    df.write.format("pulsar-txn").mode("append").options(serviceUrl=broker.service_url, adminUrl=broker.admin_url,
+                                                         topic=topic, job=unique_name("job")).save()
+    expected = [(f"k{i}".encode(), f"v{i}".encode(), topic, -1) for i in range(5)]  # sorted; written by 2 tasks
+
+    def rows(frame) -> list[tuple]:  # noqa: ANN001
+        return [(r.key, r.value, r.topic, r.partition) for r in frame.orderBy("message_id").collect()]
+
+    new = spark.read.format("pulsar-txn").options(serviceUrl=broker.service_url, topics=topic).load()
+    old = spark.read.format("pulsar").option("service_url", broker.service_url).option("topics", topic).load()
+    assert new.schema == old.schema == SCHEMA
+    assert rows(new) == rows(old) and sorted(rows(new)) == expected
+    stream = (spark.readStream.format("pulsar-txn").options(serviceUrl=broker.service_url, topics=topic,
+                                                            startingOffsets="earliest").load())
+    assert stream.isStreaming
+    table = unique_name("one").replace("-", "_")
+    q = (stream.writeStream.format("memory").queryName(table).trigger(availableNow=True)
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        q.awaitTermination(120)
+    finally:
+        q.stop()
+    assert rows(spark.table(table)) == rows(old)
 
 
 @pytest.mark.parametrize("writer", ["arrow", "rows"])
