@@ -107,7 +107,8 @@ class UnknownOption(OptionError):
 
 #: Options of other connectors users bring along, and what to use here instead.
 FOREIGN_OPTIONS: dict[str, str] = {
-    "maxoffsetspertrigger": "Spark's Kafka source caps batches by offsets; here the cap is maxMessagesPerTrigger",
+    "maxoffsetspertrigger": ("Spark's Kafka source caps batches by offsets; here the caps are maxMessagesPerTrigger "
+                             "and maxBytesPerTrigger"),
     "kafka.bootstrap.servers": "this is the Pulsar source; give service_url (pulsar://host:6650)",
     "subscribe": "name the topics with topics (comma-separated) or topicsPattern",
     "subscribepattern": "name the topics with topicsPattern",

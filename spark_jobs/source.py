@@ -49,6 +49,10 @@ Options (names are case-insensitive):
   Python Data Source API has no admission control, so for ``availableNow`` Spark calls
   ``latestOffset()`` once and stops after one micro-batch up to it, i.e. after the first cap.
   (``availableNow`` without the cap is fine: one micro-batch of everything available.)
+- ``maxBytesPerTrigger`` (streaming): at most this many bytes of message payload per
+  micro-batch, over all partitions (shared out like the message cap); a micro-batch whose first
+  message alone is larger takes that message, so the query never stalls. With
+  ``maxMessagesPerTrigger`` both caps hold. The same caveat about ``availableNow`` applies.
 - ``partitionDiscoveryIntervalMs`` (streaming, default 10000): how often the topics (the
   pattern's matches, partition counts) are resolved again; in between, each trigger only asks
   the known partitions for their last message id.
@@ -167,6 +171,7 @@ class SourceOptions:
     starting: str | dict[str, Position | str] | None = None
     ending: str | dict[str, Position | str] | None = None
     max_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
     poll_timeout_ms: int = 60000
     discovery_interval_ms: int = 10000
     auth_token: str | None = None
@@ -218,6 +223,8 @@ class SourceOptions:
         max_per_trigger = None
         if "maxmessagespertrigger" in o:
             max_per_trigger = _positive_int(o["maxmessagespertrigger"], "maxMessagesPerTrigger")
+        max_bytes = (_positive_int(o["maxbytespertrigger"], "maxBytesPerTrigger")
+                     if "maxbytespertrigger" in o else None)
         poll = _positive_int(o["polltimeoutms"], "pollTimeoutMs") if "polltimeoutms" in o else 60000
         discovery = (_positive_int(o["partitiondiscoveryintervalms"], "partitionDiscoveryIntervalMs")
                      if "partitiondiscoveryintervalms" in o else 10000)
@@ -239,6 +246,7 @@ class SourceOptions:
             starting=starting,
             ending=ending,
             max_per_trigger=max_per_trigger,
+            max_bytes_per_trigger=max_bytes,
             poll_timeout_ms=poll,
             discovery_interval_ms=discovery,
             auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
@@ -283,8 +291,8 @@ class SourceOptions:
 #: The source's option aliases (lower case): StreamNative's names, and ``topic`` for one topic.
 #: Every option the source reads, as users write them (aliases are folded in first).
 SOURCE_OPTIONS = ("serviceUrl", "adminUrl", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
-                  "maxMessagesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs", "subscription",
-                  "predefinedSubscription", "failOnDataLoss", *SECURITY_OPTIONS)
+                  "maxMessagesPerTrigger", "maxBytesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs",
+                  "subscription", "predefinedSubscription", "failOnDataLoss", *SECURITY_OPTIONS)
 
 SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
     **CONNECTION_ALIASES,
@@ -543,19 +551,27 @@ class _Pulsar:
 
         self.run(ack())
 
-    def scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int) -> dict[str, Position]:
-        """Positions at most ``budget`` messages after ``starts`` (in total), not beyond ``ends``."""
-        return self.run(self._scan(starts, ends, budget, self._opts.poll_timeout_ms))
+    def scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int | None,
+             byte_budget: int | None = None) -> dict[str, Position]:
+        """Positions at most ``budget`` messages (None: no count cap) and ``byte_budget`` payload
+        bytes (None: no byte cap; the first message is taken whatever its size) after ``starts``
+        (in total), not beyond ``ends``."""
+        return self.run(self._scan(starts, ends, budget, self._opts.poll_timeout_ms, byte_budget))
 
-    async def _scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int,
-                    poll_ms: int) -> dict[str, Position]:
+    async def _scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int | None,
+                    poll_ms: int, byte_budget: int | None = None) -> dict[str, Position]:
         result = dict(starts)
         active = [n for n in sorted(ends) if pos_key(starts[n]) < pos_key(ends[n])]
         readers: dict[str, Any] = {}
+        opened: list[Any] = []
+        left = budget if budget is not None else 1 << 62
+        bytes_left, taken = byte_budget, False
         try:
-            while budget > 0 and active:
-                share, extra = divmod(budget, len(active))
+            while left > 0 and active:
+                share, extra = divmod(left, len(active))
+                bshare, bextra = divmod(bytes_left, len(active)) if bytes_left is not None else (0, 0)
                 still: list[str] = []
+                progressed = False
                 for i, name in enumerate(active):
                     quota = share + (1 if i < extra else 0)
                     if quota == 0:
@@ -564,14 +580,24 @@ class _Pulsar:
                     if name not in readers:
                         readers[name] = await self.client.create_reader(
                             name, _start_id(starts[name]), receiver_queue_size=min(max(quota, 10), 1000))
+                        opened.append(readers[name])
+                    room = None if bytes_left is None else _Room(bshare + (1 if i < bextra else 0), not taken)
                     result[name], done, n = await _take(readers[name], name, result[name], ends[name], quota,
-                                                        poll_ms)
-                    budget -= n
+                                                        poll_ms, room=room)
+                    left -= n
+                    if n:
+                        progressed = taken = True
+                    if room is not None and bytes_left is not None:
+                        bytes_left -= room.spent
+                        if room.held is not None:  # did not fit: read again when the budget is shared out anew
+                            readers[name] = _Prefixed(readers[name], room.held)
                     if not done:
                         still.append(name)
                 active = still
+                if bytes_left is not None and not progressed:
+                    break  # no partition's next message fits what is left of the byte cap
         finally:
-            await asyncio.gather(*(r.close() for r in readers.values()), return_exceptions=True)
+            await asyncio.gather(*(r.close() for r in opened), return_exceptions=True)
         return result
 
 
@@ -583,9 +609,29 @@ def _start_id(pos: Position) -> txn.MessageId:
     return txn.EARLIEST if pos == EARLIEST_POS else to_message_id(pos)
 
 
+class _Room:
+    """What a byte cap leaves one :func:`_take` call: ``bytes`` of payload (``first``: the first
+    message is taken even if larger); ``spent`` counts what was taken, ``held`` keeps the message
+    that did not fit (already read from the reader)."""
+
+    def __init__(self, size: int, first: bool) -> None:
+        self.bytes, self.first, self.spent = size, first, 0
+        self.held: txn.Message | None = None
+
+    def admits(self, m: txn.Message) -> bool:
+        size = len(m.data())
+        if self.spent + size > self.bytes and not (self.first and self.spent == 0):
+            self.held = m
+            return False
+        self.spent += size
+        self.first = False
+        return True
+
+
 async def _take(reader: Any, name: str, at: Position, end: Position, limit: int, poll_ms: int,
-                sink: list[txn.Message] | None = None) -> tuple[Position, bool, int]:
-    """Read up to ``limit`` messages after ``at`` and not beyond ``end`` (appended to ``sink``).
+                sink: list[txn.Message] | None = None, room: _Room | None = None) -> tuple[Position, bool, int]:
+    """Read up to ``limit`` messages after ``at`` and not beyond ``end`` (appended to ``sink``),
+    and with ``room`` only as many payload bytes as it admits.
 
     Returns (the position of the last one, whether ``end`` was reached, how many).
     """
@@ -603,6 +649,8 @@ async def _take(reader: Any, name: str, at: Position, end: Position, limit: int,
             continue  # at or before where we are: a redelivery
         if pos_key(pos) > pos_key(end):
             return at, True, n
+        if room is not None and not room.admits(m):
+            return at, False, n
         at = pos
         n += 1
         if sink is not None:
@@ -913,7 +961,9 @@ class PulsarStreamReader(DataSourceStreamReader):
         if start is None:
             start = self._next_start if self._next_start is not None else self.initialOffset()
         start = self._positions(start, "start offset")
-        cap = None if type(limit).__name__ == "ReadAllAvailable" else self.opts.max_per_trigger
+        read_all = type(limit).__name__ == "ReadAllAvailable"
+        cap = None if read_all else self.opts.max_per_trigger
+        byte_cap = None if read_all else self.opts.max_bytes_per_trigger
         planner = self._p()
         tps = self._resolve()
         planner.hold(self._sub_name(), [tp.name for tp in tps])  # a new partition is held from discovery on
@@ -923,8 +973,8 @@ class PulsarStreamReader(DataSourceStreamReader):
             last = lasts[tp.name]
             if last is not None and pos_key(last) > pos_key(start.get(tp.name, EARLIEST_POS)):
                 grown[tp.name] = last
-        if grown and cap is not None:
-            grown = planner.scan({n: start.get(n, EARLIEST_POS) for n in grown}, grown, cap)
+        if grown and (cap is not None or byte_cap is not None):
+            grown = planner.scan({n: start.get(n, EARLIEST_POS) for n in grown}, grown, cap, byte_cap)
         ends = dict(start)
         for n, p in grown.items():
             if n in start or p != EARLIEST_POS:  # a new partition joins once it has something to read

@@ -220,6 +220,69 @@ def test_one_name_reads_and_writes(spark, broker, dedup_ns, unique_name, tmp_pat
     assert rows(spark.table(table)) == rows(old)
 
 
+def _capped_batches(spark, url: str, topic: str, checkpoint: Path, **caps: str) -> list[list[str]]:  # noqa: ANN001, F811
+    """The non-empty micro-batches (values, in order) of a query from earliest to what is there."""
+    batches: list[tuple[int, list[str]]] = []
+
+    def collect(df, batch_id: int) -> None:  # noqa: ANN001
+        batches.append((batch_id, [r.value.decode() for r in df.collect()]))  # one topic partition: in order
+
+    q = (spark.readStream.format("pulsar-txn").options(serviceUrl=url, topics=topic, startingOffsets="earliest",
+                                                       **caps)
+         .load().writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint)).start())
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert q.exception() is None
+    return [v for _, v in sorted(batches) if v]
+
+
+def test_streaming_caps_by_bytes_and_by_count(spark, broker, unique_name, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    """``maxBytesPerTrigger`` caps a micro-batch's payload bytes (a message larger than the cap
+    comes alone, never stalls the query); with ``maxMessagesPerTrigger`` both caps hold."""
+    topic = f"persistent://public/default/{unique_name('cap')}"
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        p = client.create_producer(topic, batching_enabled=False)
+        values = [f"m{i}".ljust(100, ".") for i in range(7)] + ["big".ljust(1000, ".")] + \
+                 [f"n{i}".ljust(100, ".") for i in range(3)]
+        for v in values:
+            p.send(v.encode())
+        p.close()
+    finally:
+        client.close()
+    names = [v.rstrip(".") for v in values]
+    by_bytes = _capped_batches(spark, broker.service_url, topic, tmp_path / "b", maxBytesPerTrigger="350")
+    assert [[v.rstrip(".") for v in b] for b in by_bytes] == [names[0:3], names[3:6], names[6:7], names[7:8],
+                                                               names[8:11]]
+    both = _capped_batches(spark, broker.service_url, topic, tmp_path / "c", maxBytesPerTrigger="350",
+                           maxMessagesPerTrigger="2")
+    assert [[v.rstrip(".") for v in b] for b in both] == [names[0:2], names[2:4], names[4:6], names[6:7],
+                                                          names[7:8], names[8:10], names[10:11]]
+    # Two partitions share the byte cap: 400 bytes = 2 messages of 100 from each, per micro-batch.
+    from txn.admin import create_partitioned_topic
+
+    parted = f"persistent://public/default/{unique_name('capp')}"
+    create_partitioned_topic(broker.admin_url, parted, 2)
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        for part in range(2):
+            p = client.create_producer(f"{parted}-partition-{part}", batching_enabled=False)
+            for i in range(4):
+                p.send(f"p{part}-{i}".ljust(100, ".").encode())
+            p.close()
+    finally:
+        client.close()
+    shared = _capped_batches(spark, broker.service_url, parted, tmp_path / "p", maxBytesPerTrigger="400")
+    assert [len(b) for b in shared] == [4, 4]
+    assert sorted(v for b in shared for v in b) == sorted(f"p{k}-{i}".ljust(100, ".") for k in range(2)
+                                                          for i in range(4))
+    assert all(sorted({v.split("-")[0] for v in b}) == ["p0", "p1"] for b in shared)
+    with pytest.raises(ValueError, match="maxBytesPerTrigger must be a positive integer"):
+        SourceOptions.parse({"serviceUrl": URL, "topics": "a", "maxBytesPerTrigger": "0"})
+
+
 @pytest.mark.parametrize("writer", ["arrow", "rows"])
 def test_sink_event_time_and_extra_columns(spark, broker, dedup_ns, unique_name, writer: str) -> None:  # noqa: ANN001, F811
     """Extra columns are refused by default (the error lists them and nothing is written); with
