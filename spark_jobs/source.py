@@ -39,6 +39,11 @@ Options (names are case-insensitive):
   ``{"<topic-partition>": "<ledger>:<entry>:<batchIndex>", ...}``; a start is exclusive,
   partitions missing from the JSON start at ``earliest``. Ignored when a streaming query
   restarts from its checkpoint.
+- ``startingTimestamp``: start each partition at its first message published at or after this
+  time (milliseconds since the epoch; the broker's seek by publish time, which finds entries, so
+  the messages of one batch entry start together); a partition with none starts at its end.
+  Instead of ``startingOffsets`` (both are refused); ignored when a streaming query restarts
+  from its checkpoint.
 - ``endingOffsets`` (batch only): ``latest`` (default) or JSON; an end is inclusive and capped
   at the partition's last message when the query is planned; partitions missing from the
   JSON end at ``latest``.
@@ -172,6 +177,7 @@ class SourceOptions:
     ending: str | dict[str, Position | str] | None = None
     max_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    starting_timestamp: int | None = None
     poll_timeout_ms: int = 60000
     discovery_interval_ms: int = 10000
     auth_token: str | None = None
@@ -225,6 +231,11 @@ class SourceOptions:
             max_per_trigger = _positive_int(o["maxmessagespertrigger"], "maxMessagesPerTrigger")
         max_bytes = (_positive_int(o["maxbytespertrigger"], "maxBytesPerTrigger")
                      if "maxbytespertrigger" in o else None)
+        starting_ts = None
+        if "startingtimestamp" in o:
+            if starting is not None:
+                raise ValueError("set one of the options startingOffsets and startingTimestamp, not both")
+            starting_ts = _positive_int(o["startingtimestamp"], "startingTimestamp")
         poll = _positive_int(o["polltimeoutms"], "pollTimeoutMs") if "polltimeoutms" in o else 60000
         discovery = (_positive_int(o["partitiondiscoveryintervalms"], "partitionDiscoveryIntervalMs")
                      if "partitiondiscoveryintervalms" in o else 10000)
@@ -247,6 +258,7 @@ class SourceOptions:
             ending=ending,
             max_per_trigger=max_per_trigger,
             max_bytes_per_trigger=max_bytes,
+            starting_timestamp=starting_ts,
             poll_timeout_ms=poll,
             discovery_interval_ms=discovery,
             auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
@@ -290,9 +302,10 @@ class SourceOptions:
 
 #: The source's option aliases (lower case): StreamNative's names, and ``topic`` for one topic.
 #: Every option the source reads, as users write them (aliases are folded in first).
-SOURCE_OPTIONS = ("serviceUrl", "adminUrl", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
-                  "maxMessagesPerTrigger", "maxBytesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs",
-                  "subscription", "predefinedSubscription", "failOnDataLoss", *SECURITY_OPTIONS)
+SOURCE_OPTIONS = ("serviceUrl", "adminUrl", "topics", "topicsPattern", "startingOffsets", "startingTimestamp",
+                  "endingOffsets", "maxMessagesPerTrigger", "maxBytesPerTrigger", "pollTimeoutMs",
+                  "partitionDiscoveryIntervalMs", "subscription", "predefinedSubscription", "failOnDataLoss",
+                  *SECURITY_OPTIONS)
 
 SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
     **CONNECTION_ALIASES,
@@ -492,6 +505,46 @@ class _Pulsar:
             r = await self.client.create_reader(name, txn.LATEST, receiver_queue_size=1)
             self._probes[name] = r
         return last_position(await r.get_last_message_id())
+
+    async def _time_start(self, name: str, ts: int, last: Position | None) -> Position:
+        """The start (exclusive) before ``name``'s first message published at or after ``ts``."""
+        if last is None:
+            return EARLIEST_POS
+        poll = self._opts.poll_timeout_ms
+        r = await self.client.create_reader(name, to_message_id(last), start_message_id_inclusive=True,
+                                            receiver_queue_size=1)
+        try:
+            if (await r.read_next(poll)).publish_timestamp() < ts:
+                return last  # nothing published since: start at the end
+        finally:
+            await r.close()
+        r = await self.client.create_reader(name, txn.EARLIEST, receiver_queue_size=1)
+        try:
+            if (await r.read_next(poll)).publish_timestamp() >= ts:
+                return EARLIEST_POS  # everything stored is as late (the broker's seek needs an entry before)
+            # The broker resumes after the last entry it timed at or before ts - 1. It may time
+            # entries by its own clock (broker entry metadata), a little after the publish time:
+            # read on past what was published before ts.
+            await r.seek(ts - 1)
+            prev, m = None, await r.read_next(poll)
+            while m.publish_timestamp() < ts:
+                prev, m = m, await r.read_next(poll)
+        finally:
+            await r.close()
+        if prev is not None:
+            return position_of(prev.message_id())
+        ledger, entry, batch = position_of(m.message_id())
+        if batch > 0:
+            return (ledger, entry, batch - 1)
+        return (ledger, entry - 1, -1)  # the end of the entry before (entry -1: before the ledger's first)
+
+    def time_starts(self, names: list[str], ts: int, lasts: dict[str, Position | None]) -> dict[str, Position]:
+        """Each partition's start for ``startingTimestamp=ts``."""
+
+        async def all_() -> list[Position]:
+            return await asyncio.gather(*(self._time_start(n, ts, lasts[n]) for n in names))
+
+        return dict(zip(names, self.run(all_()), strict=True))
 
     def last_positions(self, names: list[str]) -> dict[str, Position | None]:
         """Each partition's last deliverable message (None if it has none)."""
@@ -754,7 +807,8 @@ async def _open_checked(client: txn.AsyncClient, opts: SourceOptions, part: Puls
             raise RuntimeError(
                 f"pulsar source: no message from {part.name} within pollTimeoutMs={opts.poll_timeout_ms} ms from "
                 f"position {format_position(start)} while reading up to {format_position(end)}") from None
-        if position_of(first.message_id())[:2] == entry:
+        got = position_of(first.message_id())[:2]
+        if got == entry or (entry[1] == -1 and got == (entry[0], 0)):  # entry -1: before the ledger's first
             return _Prefixed(reader, first)
     stored = format_position(position_of(first.message_id())) if first is not None else None
     facts = (part.name, part.partition, format_position(start), format_position(end), stored)
@@ -863,6 +917,8 @@ class PulsarBatchReader(DataSourceReader):
             _check_keys(opts.starting, "startingOffsets", tps)
             _check_keys(opts.ending, "endingOffsets", tps)
             lasts = planner.last_positions([tp.name for tp in tps])
+            timed = (planner.time_starts([tp.name for tp in tps], opts.starting_timestamp, lasts)
+                     if opts.starting_timestamp is not None else {})
         finally:
             planner.close()
         out: list[InputPartition] = []
@@ -870,7 +926,7 @@ class PulsarBatchReader(DataSourceReader):
             last = lasts[tp.name]
             if last is None:
                 continue
-            start = _start_position(_spec_for(opts.starting, tp.name, EARLIEST, EARLIEST), last)
+            start = timed.get(tp.name) or _start_position(_spec_for(opts.starting, tp.name, EARLIEST, EARLIEST), last)
             end_spec = _spec_for(opts.ending, tp.name, LATEST, LATEST)
             end = last if end_spec == LATEST else min(end_spec, last, key=pos_key)  # type: ignore[arg-type]
             if pos_key(start) < pos_key(end):
@@ -951,6 +1007,8 @@ class PulsarStreamReader(DataSourceStreamReader):
                 tp.name: _start_position(_spec_for(self.opts.starting, tp.name, LATEST, EARLIEST), lasts[tp.name])
                 for tp in tps
             }
+            if self.opts.starting_timestamp is not None:
+                starts = planner.time_starts([tp.name for tp in tps], self.opts.starting_timestamp, lasts)
             planner.mark(starts)
             self._initial = self._offset(starts)
         return dict(self._initial)

@@ -220,6 +220,60 @@ def test_one_name_reads_and_writes(spark, broker, dedup_ns, unique_name, tmp_pat
     assert rows(spark.table(table)) == rows(old)
 
 
+def test_starting_timestamp_by_publish_time(spark, broker, unique_name, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    """``startingTimestamp`` starts at the first message published at or after it: batch and
+    streaming, from the topic's first entry, from the first entry of a later ledger (the topic
+    unloaded in between), mid-ledger, and past the end (nothing)."""
+    import time
+
+    from txn.admin import admin_request
+
+    topic = f"persistent://public/default/{unique_name('ts')}"
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        for half in range(2):
+            p = client.create_producer(topic, batching_enabled=False)
+            for i in range(3):
+                p.send(f"m{3 * half + i}".encode())
+                time.sleep(0.02)
+            p.close()
+            if half == 0:  # the next three go to a new ledger
+                status, _ = admin_request("PUT", broker.admin_url, "/admin/v2/" + topic.replace("://", "/") + "/unload")
+                assert status in (200, 204)
+        r = client.create_reader(topic, pulsar.MessageId.earliest)  # no acks: retention 0 would trim
+        msgs = [r.read_next(10000) for _ in range(6)]
+    finally:
+        client.close()
+    times = [m.publish_timestamp() for m in msgs]
+    ledgers = [m.message_id().ledger_id() for m in msgs]
+    assert times == sorted(set(times)) and ledgers[2] != ledgers[3]
+    assert [m.message_id().entry_id() for m in msgs[3:]] == [0, 1, 2]
+
+    def batch(ts: int) -> list[str]:
+        df = spark.read.format("pulsar-txn").options(serviceUrl=broker.service_url, topics=topic,
+                                                     startingTimestamp=str(ts)).load()
+        return [r.value.decode() for r in df.collect()]
+
+    everything = [f"m{i}" for i in range(6)]
+    assert batch(times[0]) == everything  # the topic's first entry
+    assert batch(times[0] - 5000) == everything
+    assert batch(times[3]) == everything[3:]  # the first entry of the second ledger
+    assert batch(times[3] - 1) == everything[3:]
+    assert batch(times[4]) == everything[4:]  # mid-ledger
+    assert batch(times[1]) == everything[1:]
+    assert batch(times[5] + 1) == []  # past the end
+    got: list[str] = []
+    q = (spark.readStream.format("pulsar-txn").options(serviceUrl=broker.service_url, topics=topic,
+                                                       startingTimestamp=str(times[4])).load()
+         .writeStream.foreachBatch(lambda df, _: got.extend(r.value.decode() for r in df.collect()))
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    assert q.awaitTermination(120) and q.exception() is None
+    assert got == everything[4:]
+    with pytest.raises(ValueError, match="one of the options startingOffsets and startingTimestamp"):
+        SourceOptions.parse({"serviceUrl": URL, "topics": "a", "startingOffsets": "earliest",
+                             "startingTimestamp": "1"})
+
+
 def _capped_batches(spark, url: str, topic: str, checkpoint: Path, **caps: str) -> list[list[str]]:  # noqa: ANN001, F811
     """The non-empty micro-batches (values, in order) of a query from earliest to what is there."""
     batches: list[tuple[int, list[str]]] = []
