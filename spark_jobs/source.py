@@ -58,6 +58,9 @@ Options (names are case-insensitive):
   micro-batch, over all partitions (shared out like the message cap); a micro-batch whose first
   message alone is larger takes that message, so the query never stalls. With
   ``maxMessagesPerTrigger`` both caps hold. The same caveat about ``availableNow`` applies.
+- ``minPartitions``: at least this many Spark partitions per batch or micro-batch where the
+  ranges allow it: a topic partition's range is cut at entry boundaries inside the ledger of its
+  end (the ledger ids before it are not known without reading), more cuts in longer ranges.
 - ``partitionDiscoveryIntervalMs`` (streaming, default 10000): how often the topics (the
   pattern's matches, partition counts) are resolved again; in between, each trigger only asks
   the known partitions for their last message id.
@@ -178,6 +181,7 @@ class SourceOptions:
     max_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     starting_timestamp: int | None = None
+    min_partitions: int | None = None
     poll_timeout_ms: int = 60000
     discovery_interval_ms: int = 10000
     auth_token: str | None = None
@@ -231,6 +235,7 @@ class SourceOptions:
             max_per_trigger = _positive_int(o["maxmessagespertrigger"], "maxMessagesPerTrigger")
         max_bytes = (_positive_int(o["maxbytespertrigger"], "maxBytesPerTrigger")
                      if "maxbytespertrigger" in o else None)
+        min_parts = _positive_int(o["minpartitions"], "minPartitions") if "minpartitions" in o else None
         starting_ts = None
         if "startingtimestamp" in o:
             if starting is not None:
@@ -259,6 +264,7 @@ class SourceOptions:
             max_per_trigger=max_per_trigger,
             max_bytes_per_trigger=max_bytes,
             starting_timestamp=starting_ts,
+            min_partitions=min_parts,
             poll_timeout_ms=poll,
             discovery_interval_ms=discovery,
             auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
@@ -304,8 +310,8 @@ class SourceOptions:
 #: Every option the source reads, as users write them (aliases are folded in first).
 SOURCE_OPTIONS = ("serviceUrl", "adminUrl", "topics", "topicsPattern", "startingOffsets", "startingTimestamp",
                   "endingOffsets", "maxMessagesPerTrigger", "maxBytesPerTrigger", "pollTimeoutMs",
-                  "partitionDiscoveryIntervalMs", "subscription", "predefinedSubscription", "failOnDataLoss",
-                  *SECURITY_OPTIONS)
+                  "partitionDiscoveryIntervalMs", "minPartitions", "subscription", "predefinedSubscription",
+                  "failOnDataLoss", *SECURITY_OPTIONS)
 
 SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
     **CONNECTION_ALIASES,
@@ -903,6 +909,43 @@ def _start_position(spec: Position | str, last: Position | None) -> Position:
     return spec  # type: ignore[return-value]
 
 
+def _cuts(part: PulsarInputPartition) -> list[Position]:
+    """Where ``part``'s range can be cut: the ends of the entries inside it, in its end's ledger
+    (and the position before that ledger's first entry when the range starts in an earlier one)."""
+    start, end = _stored(part.start, part.name), _stored(part.end, part.name)
+    ledger = end[0]
+    if start[0] == ledger:
+        first = start[1]
+    elif start == EARLIEST_POS:
+        first = 0  # whether earlier ledgers hold anything is not known: no cut before this one's first entry
+    else:
+        first = -1
+    cuts = [(ledger, k, -1) for k in range(first, end[1])]
+    return [c for c in cuts if pos_key(start) < pos_key(c) < pos_key(end)]
+
+
+def split_ranges(parts: list[PulsarInputPartition], want: int | None) -> list[PulsarInputPartition]:
+    """``parts`` cut into at least ``want`` ranges where :func:`_cuts` allows (``minPartitions``),
+    each range into pieces of about the same number of entries, longer ranges into more."""
+    if want is None or len(parts) >= want:
+        return parts
+    cuts = [_cuts(p) for p in parts]
+    total = sum(len(c) for c in cuts)
+    if total == 0:
+        return parts
+    extra = min(want - len(parts), total)
+    share = [extra * len(c) // total for c in cuts]
+    for i in sorted(range(len(parts)), key=lambda i: -(extra * len(cuts[i]) % total))[:extra - sum(share)]:
+        share[i] += 1
+    out: list[PulsarInputPartition] = []
+    for p, c, n in zip(parts, cuts, share, strict=True):
+        chosen = [c[(j * (len(c) + 1)) // (n + 1) - 1] for j in range(1, n + 1)] if n else []
+        bounds = [p.start, *(format_position(x) for x in chosen), p.end]
+        out += [PulsarInputPartition(p.name, p.topic, p.partition, a, b)
+                for a, b in zip(bounds, bounds[1:], strict=False)]
+    return out
+
+
 class PulsarBatchReader(DataSourceReader):
     """Batch reads: the ranges are fixed when the query is planned."""
 
@@ -932,7 +975,7 @@ class PulsarBatchReader(DataSourceReader):
             if pos_key(start) < pos_key(end):
                 out.append(PulsarInputPartition(tp.name, tp.topic, tp.partition, format_position(start),
                                                 format_position(end)))
-        return out
+        return split_ranges(out, opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.opts, partition)  # type: ignore[arg-type]
@@ -1055,7 +1098,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                 tp = TopicPartition.of(name)
                 out.append(PulsarInputPartition(name, tp.topic, tp.partition, format_position(a),
                                                 format_position(e[name])))
-        return out
+        return split_ranges(out, self.opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.opts, partition)  # type: ignore[arg-type]

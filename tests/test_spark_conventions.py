@@ -10,6 +10,7 @@ activating the venv does).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -231,6 +232,7 @@ def test_starting_timestamp_by_publish_time(spark, broker, unique_name, tmp_path
     topic = f"persistent://public/default/{unique_name('ts')}"
     client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     try:
+        client.subscribe(topic, "hold")  # a durable subscription keeps the first ledger (retention 0 would trim it)
         for half in range(2):
             p = client.create_producer(topic, batching_enabled=False)
             for i in range(3):
@@ -240,7 +242,7 @@ def test_starting_timestamp_by_publish_time(spark, broker, unique_name, tmp_path
             if half == 0:  # the next three go to a new ledger
                 status, _ = admin_request("PUT", broker.admin_url, "/admin/v2/" + topic.replace("://", "/") + "/unload")
                 assert status in (200, 204)
-        r = client.create_reader(topic, pulsar.MessageId.earliest)  # no acks: retention 0 would trim
+        r = client.create_reader(topic, pulsar.MessageId.earliest)
         msgs = [r.read_next(10000) for _ in range(6)]
     finally:
         client.close()
@@ -272,6 +274,72 @@ def test_starting_timestamp_by_publish_time(spark, broker, unique_name, tmp_path
     with pytest.raises(ValueError, match="one of the options startingOffsets and startingTimestamp"):
         SourceOptions.parse({"serviceUrl": URL, "topics": "a", "startingOffsets": "earliest",
                              "startingTimestamp": "1"})
+
+
+def test_min_partitions_cuts_ranges_at_entries(spark, broker, unique_name, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    """``minPartitions`` cuts a topic partition's range at entry boundaries into pieces of about the
+    same size (never more pieces than entries); the rows are the same, in order, batch and streaming."""
+    topic = f"persistent://public/default/{unique_name('minp')}"
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        p = client.create_producer(topic, batching_enabled=False)
+        for i in range(10):
+            p.send(f"m{i}".encode())
+        p.close()
+    finally:
+        client.close()
+    everything = [f"m{i}" for i in range(10)]
+
+    def pieces(**extra: str) -> tuple[int, list[int], list[str]]:
+        df = spark.read.format("pulsar-txn").options(serviceUrl=broker.service_url, topics=topic, **extra).load()
+        rows = df.select(F.spark_partition_id().alias("pid"), "value").collect()
+        sizes = [sum(1 for r in rows if r.pid == i) for i in range(df.rdd.getNumPartitions())]
+        return df.rdd.getNumPartitions(), sizes, [r.value.decode() for r in rows]
+
+    assert pieces() == (1, [10], everything)
+    assert pieces(minPartitions="4") == (4, [2, 3, 2, 3], everything)  # cut after entries 1, 4 and 6
+    assert pieces(minPartitions="50") == (10, [1] * 10, everything)  # one entry each at most
+    sizes: list[int] = []
+    got: list[str] = []
+
+    def collect(df, _: int) -> None:  # noqa: ANN001
+        sizes.append(df.rdd.getNumPartitions())
+        got.extend(r.value.decode() for r in df.collect())
+
+    q = (spark.readStream.format("pulsar-txn").options(serviceUrl=broker.service_url, topics=topic,
+                                                       startingOffsets="earliest", minPartitions="3").load()
+         .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(120) and q.exception() is None
+    assert (sizes, got) == ([3], everything)
+
+    # A range over two ledgers (the topic unloaded in between) is cut in the second only, the
+    # first cut before its first entry.
+    from txn.admin import admin_request
+
+    two = f"persistent://public/default/{unique_name('minp2')}"
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        client.subscribe(two, "hold")  # keeps the first ledger
+        for half in range(2):
+            p = client.create_producer(two, batching_enabled=False)
+            ids = [p.send(f"m{3 * half + i}".encode()) for i in range(3)]
+            p.close()
+            if half == 0:
+                first = ids[0]
+                status, _ = admin_request("PUT", broker.admin_url, "/admin/v2/" + two.replace("://", "/") + "/unload")
+                assert status in (200, 204)
+    finally:
+        client.close()
+    df = spark.read.format("pulsar-txn").options(
+        serviceUrl=broker.service_url, topics=two, minPartitions="4",
+        startingOffsets=json.dumps({two: f"{first.ledger_id()}:{first.entry_id()}"})).load()
+    rows = df.select(F.spark_partition_id().alias("pid"), "value").collect()
+    assert df.rdd.getNumPartitions() == 4
+    assert [sum(1 for r in rows if r.pid == i) for i in range(4)] == [2, 1, 1, 1]
+    assert [r.value.decode() for r in rows] == everything[1:6]
+    with pytest.raises(ValueError, match="minPartitions must be a positive integer"):
+        SourceOptions.parse({"serviceUrl": URL, "topics": "a", "minPartitions": "0"})
 
 
 def _capped_batches(spark, url: str, topic: str, checkpoint: Path, **caps: str) -> list[list[str]]:  # noqa: ANN001, F811
