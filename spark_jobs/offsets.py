@@ -4,7 +4,8 @@ A *position* names one message of a topic partition: ``(ledger, entry, batch_ind
 ``batch_index`` is the message's index inside a batch entry, or ``-1`` for "the whole entry"
 (a message that is not batched, or every message of a batch entry). Positions order by
 ledger, then entry, then batch index, with ``-1`` after every index of its entry: the
-position ``L:E:-1`` is the last message of entry ``L:E``.
+position ``L:E:-1`` is the last message of entry ``L:E``, and ``L:-1:-1`` the position before
+ledger ``L``'s first entry.
 
 Text forms (what ``startingOffsets`` / ``endingOffsets`` JSON values and the streaming
 checkpoint hold):
@@ -96,7 +97,8 @@ def parse_position(text: Any, what: str) -> Position | str:
         ledger, entry, batch = int(m.group(1)), int(m.group(2)), int(m.group(4))
     if (ledger, entry, batch) == EARLIEST_POS:
         return EARLIEST
-    if ledger < 0 or entry < 0:
+    if ledger < 0 or entry < -1 or (entry == -1 and batch != -1):
+        # entry -1 (batch -1): before ledger ``ledger``'s first entry (a startingTimestamp start)
         raise ValueError(f"{what}: invalid position {text!r}: ledger and entry ids are not negative")
     if batch < -1:
         raise ValueError(f"{what}: invalid batch index {batch} in {text!r} (-1 means the whole entry)")

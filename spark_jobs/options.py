@@ -1,12 +1,15 @@
 """Option handling shared by the ``pulsar`` source, the ``pulsar-txn`` sink and the runtime.
 
-Spark hands a data source its options as a case-insensitive string map. Two things are common
+Spark hands a data source its options as a case-insensitive string map. Three things are common
 to every face of ``spark_jobs``:
 
+- **one style**: options are named in camelCase, as Spark's own sources name theirs
+  (``serviceUrl``, ``txnTimeoutMs``); the older snake-case names (``service_url``,
+  ``txn_timeout_ms``) stay accepted as aliases (:func:`camel_case`, :func:`camel_aliases`);
 - **aliases**: users arrive with option names from other Pulsar connectors (StreamNative's
   ``service.url``, ``admin.url``; ``topic`` for one topic on read). :func:`resolve_aliases`
-  folds them into our canonical names and raises :class:`OptionConflict` when an alias and its
-  canonical name are both given with different values (never a silent pick);
+  folds them into one internal key and raises :class:`OptionConflict` (naming the option in
+  camelCase) when two names of one option are given different values (never a silent pick);
 - **unknown options are refused** (:func:`refuse_unknown`, :class:`UnknownOption`, naming the
   nearest known option): an ignored cap (Spark's Kafka ``maxOffsetsPerTrigger``) or credential
   (StreamNative's ``pulsar.client.authPluginClassName``) would change what a job does silently;
@@ -31,10 +34,14 @@ from txn.settings import BrokerSettings, SettingsError
 
 __all__ = [
     "CONNECTION_ALIASES",
+    "FOREIGN_OPTIONS",
     "SECURITY_OPTIONS",
     "OptionConflict",
     "OptionError",
+    "UnknownOption",
     "broker_settings",
+    "camel_aliases",
+    "camel_case",
     "lower_options",
     "parse_bool",
     "refuse_unknown",
@@ -42,11 +49,26 @@ __all__ = [
     "settings_options",
 ]
 
-#: Canonical (lower-case) option name -> the other names accepted for it, on every face.
+#: Internal (lower-case) option key -> the other names accepted for it, on every face. Users write
+#: ``serviceUrl`` and ``adminUrl`` (Spark's camelCase); ``service_url``/``admin_url`` are the older
+#: names, ``service.url``/``admin.url`` StreamNative's.
 CONNECTION_ALIASES: dict[str, tuple[str, ...]] = {
     "service_url": ("service.url", "serviceurl"),
     "admin_url": ("admin.url", "adminurl"),
 }
+
+
+def camel_case(name: str) -> str:
+    """``txn_timeout_ms`` -> ``txnTimeoutMs``: the option style of Spark's own sources (names
+    without an underscore are returned as they are)."""
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def camel_aliases(internal: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """For option keys kept in snake case internally (the older names), the camelCase spelling
+    users write, lower-cased as Spark hands it over: ``{"txn_timeout_ms": ("txntimeoutms",)}``."""
+    return {k: (camel_case(k).lower(),) for k in internal}
 
 #: Option -> :class:`txn.settings.BrokerSettings` field, for the string-valued credentials.
 _CREDENTIAL_OPTIONS: dict[str, str] = {
@@ -85,7 +107,8 @@ class UnknownOption(OptionError):
 
 #: Options of other connectors users bring along, and what to use here instead.
 FOREIGN_OPTIONS: dict[str, str] = {
-    "maxoffsetspertrigger": "Spark's Kafka source caps batches by offsets; here the cap is maxMessagesPerTrigger",
+    "maxoffsetspertrigger": ("Spark's Kafka source caps batches by offsets; here the caps are maxMessagesPerTrigger "
+                             "and maxBytesPerTrigger"),
     "kafka.bootstrap.servers": "this is the Pulsar source; give service_url (pulsar://host:6650)",
     "subscribe": "name the topics with topics (comma-separated) or topicsPattern",
     "subscribepattern": "name the topics with topicsPattern",
@@ -94,14 +117,16 @@ FOREIGN_OPTIONS: dict[str, str] = {
 _STREAMNATIVE = ("pulsar.client.", "pulsar.reader.", "pulsar.producer.", "pulsar.admin.")
 
 
-def refuse_unknown(o: Mapping[str, Any], known: Iterable[str], face: str) -> None:
+def refuse_unknown(o: Mapping[str, Any], known: Iterable[str], face: str, internal: Iterable[str] = ()) -> None:
     """Raise :class:`UnknownOption` for the first option of ``o`` (lower-case names, aliases folded)
-    that is not in ``known`` (names as users write them), naming the nearest known one."""
+    that is neither in ``known`` (names as users write them) nor one of the ``internal`` keys
+    aliases are folded into, naming the nearest known one."""
     import difflib
 
     names = {k.lower(): k for k in known}
+    accepted = set(names) | {k.lower() for k in internal}
     for key in sorted(o):
-        if key in names:
+        if key in accepted:
             continue
         if key in FOREIGN_OPTIONS:
             raise UnknownOption(key, face, f"unknown option {key} of the {face}: {FOREIGN_OPTIONS[key]}")
@@ -143,7 +168,7 @@ def resolve_aliases(o: dict[str, Any], aliases: Mapping[str, Iterable[str]]) -> 
             continue
         values = {str(v).strip() for v in given.values()}
         if len(values) > 1:
-            raise OptionConflict(canonical, {k: str(v) for k, v in given.items()})
+            raise OptionConflict(camel_case(canonical), {k: str(v) for k, v in given.items()})
         for n in names:
             o.pop(n, None)
         o[canonical] = next(iter(given.values()))
@@ -168,7 +193,7 @@ def broker_settings(o: Mapping[str, Any], who: str = "spark_jobs") -> BrokerSett
     """
     url = str(o.get("service_url") or "").strip()
     if not url:
-        raise OptionError(f"the {who} needs the option service_url (alias service.url), "
+        raise OptionError(f"the {who} needs the option serviceUrl (aliases service_url, service.url), "
                           "e.g. pulsar://127.0.0.1:6650")
     admin = str(o.get("admin_url") or "").strip().rstrip("/") or None
     token = str(o.get("authtoken") or "").strip() or None

@@ -15,7 +15,9 @@ Columns: ``value`` (binary or string, required), ``key`` (string or binary (UTF-
 (map<string,string>, optional). Other columns are refused.
 
 Options: ``service_url`` (required); ``admin_url`` (used to check deduplication; without it a
-warning is logged); ``topic``; ``txn_timeout_ms`` (default 60000: the whole write, or micro-batch,
+warning is logged, and a retried or speculative task attempt fails the write with
+:class:`UncheckedRetry`, since nothing shows that the broker would drop its duplicates); ``topic``;
+``txn_timeout_ms`` (default 60000: the whole write, or micro-batch,
 must finish within it); ``ledger_topic`` (default ``pulsar-txn-ledger`` in ``topic``'s namespace;
 required without ``topic``); ``job`` (the name in the ledger, default ``spark-pulsar-txn``);
 ``deterministic_order`` (default true, see below); ``batch_max_rows`` (default 1000) and
@@ -167,6 +169,8 @@ from .options import (
     CONNECTION_ALIASES,
     SECURITY_OPTIONS,
     broker_settings,
+    camel_aliases,
+    camel_case,
     lower_options,
     refuse_unknown,
     resolve_aliases,
@@ -204,6 +208,7 @@ __all__ = [
     "SinkCommitMessage",
     "SinkError",
     "SinkOptions",
+    "UncheckedRetry",
     "write_batch_exactly_once",
 ]
 
@@ -219,9 +224,12 @@ _FALSE = ("false", "0", "no", "off")
 
 
 #: Every option the sink reads, as users write them (``checkpointLocation`` is Spark's own).
-SINK_OPTIONS = ("service_url", "admin_url", "topic", "ledger_topic", "job", "txn_timeout_ms", "deterministic_order",
-                "batch_max_rows", "batch_max_bytes", "query_id", "batch_id", "extraColumns", "writer", "encodeValue",
+SINK_OPTIONS = ("serviceUrl", "adminUrl", "topic", "ledgerTopic", "job", "txnTimeoutMs", "deterministicOrder",
+                "batchMaxRows", "batchMaxBytes", "queryId", "batchId", "extraColumns", "writer", "encodeValue",
                 "checkpointLocation", *SECURITY_OPTIONS)
+#: Internal key -> other names: the camelCase names above for the snake-case keys (the older names).
+SINK_ALIASES = {**CONNECTION_ALIASES, **camel_aliases(("ledger_topic", "txn_timeout_ms", "deterministic_order",
+                                                       "batch_max_rows", "batch_max_bytes", "query_id", "batch_id"))}
 
 
 @dataclass(slots=True)
@@ -259,10 +267,10 @@ class SinkOptions:
     def parse(cls, options: Any) -> SinkOptions:
         """From Spark's (case-insensitive) options; raises :class:`SinkError` on bad ones
         (:class:`spark_jobs.options.OptionError` for connection options, alias conflicts and unknown options)."""
-        o = resolve_aliases(lower_options(options), CONNECTION_ALIASES)
-        refuse_unknown(o, SINK_OPTIONS, "pulsar-txn sink")
+        o = resolve_aliases(lower_options(options), SINK_ALIASES)
+        refuse_unknown(o, SINK_OPTIONS, "pulsar-txn sink", SINK_ALIASES)
         if not o.get("service_url"):
-            raise SinkError("the pulsar-txn sink needs option service_url (alias service.url), "
+            raise SinkError("the pulsar-txn sink needs option serviceUrl (aliases service_url, service.url), "
                             "e.g. pulsar://localhost:6650")
         settings = broker_settings(o, "pulsar-txn sink")
         url = settings.service_url
@@ -280,29 +288,29 @@ class SinkOptions:
         ledger = o.get("ledger_topic") or None
         if ledger is None:
             if topic is None:
-                raise SinkError("without option topic the pulsar-txn sink needs option ledger_topic")
+                raise SinkError("without option topic the pulsar-txn sink needs option ledgerTopic")
             ledger = default_ledger_topic(topic)
         try:
             ledger = canonical_topic(ledger)
         except ValueError as exc:
-            raise SinkError(f"option ledger_topic: {exc}") from None
+            raise SinkError(f"option ledgerTopic: {exc}") from None
         try:
             timeout = int(o.get("txn_timeout_ms", 60000))
         except ValueError:
-            raise SinkError(f"option txn_timeout_ms must be an integer, got {o.get('txn_timeout_ms')!r}") from None
+            raise SinkError(f"option txnTimeoutMs must be an integer, got {o.get('txn_timeout_ms')!r}") from None
         if timeout <= 0:
-            raise SinkError("option txn_timeout_ms must be positive")
+            raise SinkError("option txnTimeoutMs must be positive")
         det = str(o.get("deterministic_order", "true")).strip().lower()
         if det not in _TRUE + _FALSE:
-            raise SinkError(f"option deterministic_order must be true or false, got {det!r}")
+            raise SinkError(f"option deterministicOrder must be true or false, got {det!r}")
         batch_id = o.get("batch_id")
         try:
             batch_id = None if batch_id in (None, "") else int(batch_id)
         except ValueError:
-            raise SinkError(f"option batch_id must be an integer, got {batch_id!r}") from None
+            raise SinkError(f"option batchId must be an integer, got {batch_id!r}") from None
         query_id = o.get("query_id") or None
         if batch_id is not None and not query_id:
-            raise SinkError("option batch_id needs option query_id")
+            raise SinkError("option batchId needs option queryId")
         value_schema = None
         if str(o.get("encodevalue", "false")).strip().lower() in _TRUE:
             value_schema = _registered_schema(topic, settings)
@@ -311,9 +319,9 @@ class SinkOptions:
             try:
                 limits[name] = int(o.get(name, default))
             except ValueError:
-                raise SinkError(f"option {name} must be an integer, got {o.get(name)!r}") from None
+                raise SinkError(f"option {camel_case(name)} must be an integer, got {o.get(name)!r}") from None
             if limits[name] <= 0:
-                raise SinkError(f"option {name} must be positive")
+                raise SinkError(f"option {camel_case(name)} must be positive")
         return cls(
             service_url=str(url),
             admin_url=settings.admin_url,
@@ -343,7 +351,7 @@ class SinkOptions:
         raise SinkError(
             "a pulsar-txn streaming write needs the query's identity to recognise a replayed micro-batch: give "
             "option checkpointLocation on a local file system (its metadata file holds the query id) or option "
-            f"query_id (a stable name; change it when the checkpoint is reset). checkpointLocation="
+            f"queryId (a stable name; change it when the checkpoint is reset). checkpointLocation="
             f"{self.checkpoint_location!r}"
         )
 
@@ -351,7 +359,7 @@ class SinkOptions:
 def _registered_schema(topic: str | None, settings: BrokerSettings) -> TopicValueSchema:
     """The schema ``encodeValue`` writes with: ``topic``'s, from the broker's registry."""
     if topic is None or not settings.admin_url:
-        raise SinkError("option encodeValue needs options topic and admin_url (the topic's schema is read from the "
+        raise SinkError("option encodeValue needs options topic and adminUrl (the topic's schema is read from the "
                         "broker's schema registry)")
     try:
         got = registry_get(settings.admin_url, topic, settings.admin_kwargs())
@@ -424,6 +432,23 @@ def _check_schema(schema: StructType, opts: SinkOptions) -> _Columns:
     return _Columns(k is not None, t is not None, p is not None, e is not None)
 
 
+class UncheckedRetry(SinkError):
+    """A retried (or speculative) task attempt of a sink without ``admin_url``: nothing shows that
+    broker deduplication would drop what an earlier attempt stored, so the attempt fails (and with
+    it the write, whose transaction is aborted) rather than risk duplicate rows."""
+
+    def __init__(self, partition_id: int, attempt: int) -> None:
+        self.partition_id, self.attempt = partition_id, attempt
+        super().__init__(
+            f"pulsar-txn sink: attempt {attempt} of write task {partition_id} refused: without option adminUrl the "
+            "sink cannot check that broker deduplication is enabled, so a retried task could duplicate rows; the "
+            "write fails and its transaction is aborted. Give adminUrl (with deduplication enabled on the output "
+            "namespaces) to have retries written exactly once")
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        return type(self), (self.partition_id, self.attempt)
+
+
 # ------------------------------------------------------------------------- messages
 
 
@@ -482,6 +507,8 @@ class _WriterBase:
                             "behaviour: the writer is expected to be pickled on the driver)")
         partition_id, attempt = self._task_info()
         o = self.opts
+        if attempt > 0 and not o.admin_url:
+            raise UncheckedRetry(partition_id, attempt)
         plan = TaskPlan(
             service_url=o.service_url, admin_url=o.admin_url, txn_id=self.txn_id, txn_timeout_ms=o.txn_timeout_ms,
             default_topic=o.topic, lease_topic=o.ledger_topic, partition_id=partition_id, attempt=attempt,
@@ -687,7 +714,9 @@ class PulsarTxnStreamArrowWriter(PulsarTxnStreamWriter, DataSourceStreamArrowWri
 
 
 class PulsarTxnDataSource(DataSource):
-    """The ``pulsar-txn`` format (write only): see the module docs."""
+    """The ``pulsar-txn`` format: this sink, and the ``pulsar`` source's reads under the same name
+    (``spark.read.format("pulsar-txn")``; the source's options, see :mod:`spark_jobs.source`).
+    ``pulsar``, which StreamNative's connector also calls itself, stays the source's old name."""
 
     #: The writer classes by option ``writer``: (batch, streaming).
     WRITERS: dict[str, tuple[type[PulsarTxnWriter], type[PulsarTxnStreamWriter]]] = {
@@ -698,6 +727,21 @@ class PulsarTxnDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return FORMAT
+
+    def schema(self) -> StructType:
+        from .source import SCHEMA
+
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> Any:
+        from .source import PulsarDataSource
+
+        return PulsarDataSource(self.options).reader(schema)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802
+        from .source import PulsarDataSource
+
+        return PulsarDataSource(self.options).streamReader(schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> PulsarTxnWriter:
         if overwrite:

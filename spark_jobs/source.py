@@ -39,6 +39,11 @@ Options (names are case-insensitive):
   ``{"<topic-partition>": "<ledger>:<entry>:<batchIndex>", ...}``; a start is exclusive,
   partitions missing from the JSON start at ``earliest``. Ignored when a streaming query
   restarts from its checkpoint.
+- ``startingTimestamp``: start each partition at its first message published at or after this
+  time (milliseconds since the epoch; the broker's seek by publish time, which finds entries, so
+  the messages of one batch entry start together); a partition with none starts at its end.
+  Instead of ``startingOffsets`` (both are refused); ignored when a streaming query restarts
+  from its checkpoint.
 - ``endingOffsets`` (batch only): ``latest`` (default) or JSON; an end is inclusive and capped
   at the partition's last message when the query is planned; partitions missing from the
   JSON end at ``latest``.
@@ -49,6 +54,13 @@ Options (names are case-insensitive):
   Python Data Source API has no admission control, so for ``availableNow`` Spark calls
   ``latestOffset()`` once and stops after one micro-batch up to it, i.e. after the first cap.
   (``availableNow`` without the cap is fine: one micro-batch of everything available.)
+- ``maxBytesPerTrigger`` (streaming): at most this many bytes of message payload per
+  micro-batch, over all partitions (shared out like the message cap); a micro-batch whose first
+  message alone is larger takes that message, so the query never stalls. With
+  ``maxMessagesPerTrigger`` both caps hold. The same caveat about ``availableNow`` applies.
+- ``minPartitions``: at least this many Spark partitions per batch or micro-batch where the
+  ranges allow it: a topic partition's range is cut at entry boundaries inside the ledger of its
+  end (the ledger ids before it are not known without reading), more cuts in longer ranges.
 - ``partitionDiscoveryIntervalMs`` (streaming, default 10000): how often the topics (the
   pattern's matches, partition counts) are resolved again; in between, each trigger only asks
   the known partitions for their last message id.
@@ -169,6 +181,9 @@ class SourceOptions:
     starting: str | dict[str, Position | str] | None = None
     ending: str | dict[str, Position | str] | None = None
     max_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    starting_timestamp: int | None = None
+    min_partitions: int | None = None
     poll_timeout_ms: int = 60000
     discovery_interval_ms: int = 10000
     auth_token: str | None = None
@@ -224,6 +239,14 @@ class SourceOptions:
         max_per_trigger = None
         if "maxmessagespertrigger" in o:
             max_per_trigger = _positive_int(o["maxmessagespertrigger"], "maxMessagesPerTrigger")
+        max_bytes = (_positive_int(o["maxbytespertrigger"], "maxBytesPerTrigger")
+                     if "maxbytespertrigger" in o else None)
+        min_parts = _positive_int(o["minpartitions"], "minPartitions") if "minpartitions" in o else None
+        starting_ts = None
+        if "startingtimestamp" in o:
+            if starting is not None:
+                raise ValueError("set one of the options startingOffsets and startingTimestamp, not both")
+            starting_ts = _positive_int(o["startingtimestamp"], "startingTimestamp")
         poll = _positive_int(o["polltimeoutms"], "pollTimeoutMs") if "polltimeoutms" in o else 60000
         discovery = (_positive_int(o["partitiondiscoveryintervalms"], "partitionDiscoveryIntervalMs")
                      if "partitiondiscoveryintervalms" in o else 10000)
@@ -231,7 +254,7 @@ class SourceOptions:
         validate_hostname = _bool(o.get("tlsvalidatehostname", "false"), "tlsValidateHostname")
         decode_value = _bool(o.get("decodevalue", "false"), "decodeValue")
         if decode_value and not admin_url:
-            raise ValueError("decodeValue needs the option admin_url (the topics' schemas are read from the "
+            raise ValueError("decodeValue needs the option adminUrl (the topics' schemas are read from the "
                              "broker's schema registry)")
         subscription = None
         for key, option in (("subscription", "subscription"), ("predefinedsubscription", "predefinedSubscription")):
@@ -249,6 +272,9 @@ class SourceOptions:
             starting=starting,
             ending=ending,
             max_per_trigger=max_per_trigger,
+            max_bytes_per_trigger=max_bytes,
+            starting_timestamp=starting_ts,
+            min_partitions=min_parts,
             poll_timeout_ms=poll,
             discovery_interval_ms=discovery,
             auth_token=str(o["authtoken"]) if o.get("authtoken") else None,
@@ -293,9 +319,10 @@ class SourceOptions:
 
 #: The source's option aliases (lower case): StreamNative's names, and ``topic`` for one topic.
 #: Every option the source reads, as users write them (aliases are folded in first).
-SOURCE_OPTIONS = ("service_url", "admin_url", "topics", "topicsPattern", "startingOffsets", "endingOffsets",
-                  "maxMessagesPerTrigger", "pollTimeoutMs", "partitionDiscoveryIntervalMs", "subscription",
-                  "predefinedSubscription", "failOnDataLoss", "decodeValue", *SECURITY_OPTIONS)
+SOURCE_OPTIONS = ("serviceUrl", "adminUrl", "topics", "topicsPattern", "startingOffsets", "startingTimestamp",
+                  "endingOffsets", "maxMessagesPerTrigger", "maxBytesPerTrigger", "pollTimeoutMs",
+                  "partitionDiscoveryIntervalMs", "minPartitions", "subscription", "predefinedSubscription",
+                  "failOnDataLoss", "decodeValue", *SECURITY_OPTIONS)
 
 SOURCE_ALIASES: dict[str, tuple[str, ...]] = {
     **CONNECTION_ALIASES,
@@ -311,7 +338,7 @@ def _source_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if single is not None and "," in str(single):
         raise OptionError(f"option topic names one topic, got {single!r}; use topics for a comma-separated list")
     o = resolve_aliases(o, SOURCE_ALIASES)
-    refuse_unknown(o, SOURCE_OPTIONS, "pulsar source")
+    refuse_unknown(o, SOURCE_OPTIONS, "pulsar source", SOURCE_ALIASES)
     return o
 
 
@@ -496,6 +523,46 @@ class _Pulsar:
             self._probes[name] = r
         return last_position(await r.get_last_message_id())
 
+    async def _time_start(self, name: str, ts: int, last: Position | None) -> Position:
+        """The start (exclusive) before ``name``'s first message published at or after ``ts``."""
+        if last is None:
+            return EARLIEST_POS
+        poll = self._opts.poll_timeout_ms
+        r = await self.client.create_reader(name, to_message_id(last), start_message_id_inclusive=True,
+                                            receiver_queue_size=1)
+        try:
+            if (await r.read_next(poll)).publish_timestamp() < ts:
+                return last  # nothing published since: start at the end
+        finally:
+            await r.close()
+        r = await self.client.create_reader(name, txn.EARLIEST, receiver_queue_size=1)
+        try:
+            if (await r.read_next(poll)).publish_timestamp() >= ts:
+                return EARLIEST_POS  # everything stored is as late (the broker's seek needs an entry before)
+            # The broker resumes after the last entry it timed at or before ts - 1. It may time
+            # entries by its own clock (broker entry metadata), a little after the publish time:
+            # read on past what was published before ts.
+            await r.seek(ts - 1)
+            prev, m = None, await r.read_next(poll)
+            while m.publish_timestamp() < ts:
+                prev, m = m, await r.read_next(poll)
+        finally:
+            await r.close()
+        if prev is not None:
+            return position_of(prev.message_id())
+        ledger, entry, batch = position_of(m.message_id())
+        if batch > 0:
+            return (ledger, entry, batch - 1)
+        return (ledger, entry - 1, -1)  # the end of the entry before (entry -1: before the ledger's first)
+
+    def time_starts(self, names: list[str], ts: int, lasts: dict[str, Position | None]) -> dict[str, Position]:
+        """Each partition's start for ``startingTimestamp=ts``."""
+
+        async def all_() -> list[Position]:
+            return await asyncio.gather(*(self._time_start(n, ts, lasts[n]) for n in names))
+
+        return dict(zip(names, self.run(all_()), strict=True))
+
     def last_positions(self, names: list[str]) -> dict[str, Position | None]:
         """Each partition's last deliverable message (None if it has none)."""
 
@@ -554,19 +621,27 @@ class _Pulsar:
 
         self.run(ack())
 
-    def scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int) -> dict[str, Position]:
-        """Positions at most ``budget`` messages after ``starts`` (in total), not beyond ``ends``."""
-        return self.run(self._scan(starts, ends, budget, self._opts.poll_timeout_ms))
+    def scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int | None,
+             byte_budget: int | None = None) -> dict[str, Position]:
+        """Positions at most ``budget`` messages (None: no count cap) and ``byte_budget`` payload
+        bytes (None: no byte cap; the first message is taken whatever its size) after ``starts``
+        (in total), not beyond ``ends``."""
+        return self.run(self._scan(starts, ends, budget, self._opts.poll_timeout_ms, byte_budget))
 
-    async def _scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int,
-                    poll_ms: int) -> dict[str, Position]:
+    async def _scan(self, starts: dict[str, Position], ends: dict[str, Position], budget: int | None,
+                    poll_ms: int, byte_budget: int | None = None) -> dict[str, Position]:
         result = dict(starts)
         active = [n for n in sorted(ends) if pos_key(starts[n]) < pos_key(ends[n])]
         readers: dict[str, Any] = {}
+        opened: list[Any] = []
+        left = budget if budget is not None else 1 << 62
+        bytes_left, taken = byte_budget, False
         try:
-            while budget > 0 and active:
-                share, extra = divmod(budget, len(active))
+            while left > 0 and active:
+                share, extra = divmod(left, len(active))
+                bshare, bextra = divmod(bytes_left, len(active)) if bytes_left is not None else (0, 0)
                 still: list[str] = []
+                progressed = False
                 for i, name in enumerate(active):
                     quota = share + (1 if i < extra else 0)
                     if quota == 0:
@@ -575,14 +650,24 @@ class _Pulsar:
                     if name not in readers:
                         readers[name] = await self.client.create_reader(
                             name, _start_id(starts[name]), receiver_queue_size=min(max(quota, 10), 1000))
+                        opened.append(readers[name])
+                    room = None if bytes_left is None else _Room(bshare + (1 if i < bextra else 0), not taken)
                     result[name], done, n = await _take(readers[name], name, result[name], ends[name], quota,
-                                                        poll_ms)
-                    budget -= n
+                                                        poll_ms, room=room)
+                    left -= n
+                    if n:
+                        progressed = taken = True
+                    if room is not None and bytes_left is not None:
+                        bytes_left -= room.spent
+                        if room.held is not None:  # did not fit: read again when the budget is shared out anew
+                            readers[name] = _Prefixed(readers[name], room.held)
                     if not done:
                         still.append(name)
                 active = still
+                if bytes_left is not None and not progressed:
+                    break  # no partition's next message fits what is left of the byte cap
         finally:
-            await asyncio.gather(*(r.close() for r in readers.values()), return_exceptions=True)
+            await asyncio.gather(*(r.close() for r in opened), return_exceptions=True)
         return result
 
 
@@ -594,9 +679,29 @@ def _start_id(pos: Position) -> txn.MessageId:
     return txn.EARLIEST if pos == EARLIEST_POS else to_message_id(pos)
 
 
+class _Room:
+    """What a byte cap leaves one :func:`_take` call: ``bytes`` of payload (``first``: the first
+    message is taken even if larger); ``spent`` counts what was taken, ``held`` keeps the message
+    that did not fit (already read from the reader)."""
+
+    def __init__(self, size: int, first: bool) -> None:
+        self.bytes, self.first, self.spent = size, first, 0
+        self.held: txn.Message | None = None
+
+    def admits(self, m: txn.Message) -> bool:
+        size = len(m.data())
+        if self.spent + size > self.bytes and not (self.first and self.spent == 0):
+            self.held = m
+            return False
+        self.spent += size
+        self.first = False
+        return True
+
+
 async def _take(reader: Any, name: str, at: Position, end: Position, limit: int, poll_ms: int,
-                sink: list[txn.Message] | None = None) -> tuple[Position, bool, int]:
-    """Read up to ``limit`` messages after ``at`` and not beyond ``end`` (appended to ``sink``).
+                sink: list[txn.Message] | None = None, room: _Room | None = None) -> tuple[Position, bool, int]:
+    """Read up to ``limit`` messages after ``at`` and not beyond ``end`` (appended to ``sink``),
+    and with ``room`` only as many payload bytes as it admits.
 
     Returns (the position of the last one, whether ``end`` was reached, how many).
     """
@@ -614,6 +719,8 @@ async def _take(reader: Any, name: str, at: Position, end: Position, limit: int,
             continue  # at or before where we are: a redelivery
         if pos_key(pos) > pos_key(end):
             return at, True, n
+        if room is not None and not room.admits(m):
+            return at, False, n
         at = pos
         n += 1
         if sink is not None:
@@ -717,7 +824,8 @@ async def _open_checked(client: txn.AsyncClient, opts: SourceOptions, part: Puls
             raise RuntimeError(
                 f"pulsar source: no message from {part.name} within pollTimeoutMs={opts.poll_timeout_ms} ms from "
                 f"position {format_position(start)} while reading up to {format_position(end)}") from None
-        if position_of(first.message_id())[:2] == entry:
+        got = position_of(first.message_id())[:2]
+        if got == entry or (entry[1] == -1 and got == (entry[0], 0)):  # entry -1: before the ledger's first
             return _Prefixed(reader, first)
     stored = format_position(position_of(first.message_id())) if first is not None else None
     facts = (part.name, part.partition, format_position(start), format_position(end), stored)
@@ -868,6 +976,43 @@ def _start_position(spec: Position | str, last: Position | None) -> Position:
     return spec  # type: ignore[return-value]
 
 
+def _cuts(part: PulsarInputPartition) -> list[Position]:
+    """Where ``part``'s range can be cut: the ends of the entries inside it, in its end's ledger
+    (and the position before that ledger's first entry when the range starts in an earlier one)."""
+    start, end = _stored(part.start, part.name), _stored(part.end, part.name)
+    ledger = end[0]
+    if start[0] == ledger:
+        first = start[1]
+    elif start == EARLIEST_POS:
+        first = 0  # whether earlier ledgers hold anything is not known: no cut before this one's first entry
+    else:
+        first = -1
+    cuts = [(ledger, k, -1) for k in range(first, end[1])]
+    return [c for c in cuts if pos_key(start) < pos_key(c) < pos_key(end)]
+
+
+def split_ranges(parts: list[PulsarInputPartition], want: int | None) -> list[PulsarInputPartition]:
+    """``parts`` cut into at least ``want`` ranges where :func:`_cuts` allows (``minPartitions``),
+    each range into pieces of about the same number of entries, longer ranges into more."""
+    if want is None or len(parts) >= want:
+        return parts
+    cuts = [_cuts(p) for p in parts]
+    total = sum(len(c) for c in cuts)
+    if total == 0:
+        return parts
+    extra = min(want - len(parts), total)
+    share = [extra * len(c) // total for c in cuts]
+    for i in sorted(range(len(parts)), key=lambda i: -(extra * len(cuts[i]) % total))[:extra - sum(share)]:
+        share[i] += 1
+    out: list[PulsarInputPartition] = []
+    for p, c, n in zip(parts, cuts, share, strict=True):
+        chosen = [c[(j * (len(c) + 1)) // (n + 1) - 1] for j in range(1, n + 1)] if n else []
+        bounds = [p.start, *(format_position(x) for x in chosen), p.end]
+        out += [PulsarInputPartition(p.name, p.topic, p.partition, a, b)
+                for a, b in zip(bounds, bounds[1:], strict=False)]
+    return out
+
+
 class PulsarBatchReader(DataSourceReader):
     """Batch reads: the ranges are fixed when the query is planned."""
 
@@ -882,6 +1027,8 @@ class PulsarBatchReader(DataSourceReader):
             _check_keys(opts.starting, "startingOffsets", tps)
             _check_keys(opts.ending, "endingOffsets", tps)
             lasts = planner.last_positions([tp.name for tp in tps])
+            timed = (planner.time_starts([tp.name for tp in tps], opts.starting_timestamp, lasts)
+                     if opts.starting_timestamp is not None else {})
         finally:
             planner.close()
         out: list[InputPartition] = []
@@ -889,13 +1036,13 @@ class PulsarBatchReader(DataSourceReader):
             last = lasts[tp.name]
             if last is None:
                 continue
-            start = _start_position(_spec_for(opts.starting, tp.name, EARLIEST, EARLIEST), last)
+            start = timed.get(tp.name) or _start_position(_spec_for(opts.starting, tp.name, EARLIEST, EARLIEST), last)
             end_spec = _spec_for(opts.ending, tp.name, LATEST, LATEST)
             end = last if end_spec == LATEST else min(end_spec, last, key=pos_key)  # type: ignore[arg-type]
             if pos_key(start) < pos_key(end):
                 out.append(PulsarInputPartition(tp.name, tp.topic, tp.partition, format_position(start),
                                                 format_position(end)))
-        return out
+        return split_ranges(out, opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.opts, partition)  # type: ignore[arg-type]
@@ -970,6 +1117,8 @@ class PulsarStreamReader(DataSourceStreamReader):
                 tp.name: _start_position(_spec_for(self.opts.starting, tp.name, LATEST, EARLIEST), lasts[tp.name])
                 for tp in tps
             }
+            if self.opts.starting_timestamp is not None:
+                starts = planner.time_starts([tp.name for tp in tps], self.opts.starting_timestamp, lasts)
             planner.mark(starts)
             self._initial = self._offset(starts)
         return dict(self._initial)
@@ -980,7 +1129,9 @@ class PulsarStreamReader(DataSourceStreamReader):
         if start is None:
             start = self._next_start if self._next_start is not None else self.initialOffset()
         start = self._positions(start, "start offset")
-        cap = None if type(limit).__name__ == "ReadAllAvailable" else self.opts.max_per_trigger
+        read_all = type(limit).__name__ == "ReadAllAvailable"
+        cap = None if read_all else self.opts.max_per_trigger
+        byte_cap = None if read_all else self.opts.max_bytes_per_trigger
         planner = self._p()
         tps = self._resolve()
         planner.hold(self._sub_name(), [tp.name for tp in tps])  # a new partition is held from discovery on
@@ -990,8 +1141,8 @@ class PulsarStreamReader(DataSourceStreamReader):
             last = lasts[tp.name]
             if last is not None and pos_key(last) > pos_key(start.get(tp.name, EARLIEST_POS)):
                 grown[tp.name] = last
-        if grown and cap is not None:
-            grown = planner.scan({n: start.get(n, EARLIEST_POS) for n in grown}, grown, cap)
+        if grown and (cap is not None or byte_cap is not None):
+            grown = planner.scan({n: start.get(n, EARLIEST_POS) for n in grown}, grown, cap, byte_cap)
         ends = dict(start)
         for n, p in grown.items():
             if n in start or p != EARLIEST_POS:  # a new partition joins once it has something to read
@@ -1014,7 +1165,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                 tp = TopicPartition.of(name)
                 out.append(PulsarInputPartition(name, tp.topic, tp.partition, format_position(a),
                                                 format_position(e[name])))
-        return out
+        return split_ranges(out, self.opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.opts, partition)  # type: ignore[arg-type]

@@ -56,8 +56,8 @@ def _reading(i: int, cls=Reading, **extra):
 
 
 def _load(spark, broker, topics: str, **options):  # noqa: F811
-    r = (spark.read.format("pulsar").option("service_url", broker.service_url)
-         .option("admin_url", broker.admin_url).option("topics", topics).option("decodeValue", "true"))
+    r = (spark.read.format("pulsar-txn").option("serviceUrl", broker.service_url)
+         .option("adminUrl", broker.admin_url).option("topics", topics).option("decodeValue", "true"))
     for k, v in options.items():
         r = r.option(k, v)
     return r.load()
@@ -125,8 +125,8 @@ def test_source_refuses_topics_it_cannot_decode(spark, broker, official, unique_
         pr.close()
     with pytest.raises(Exception, match="have different schemas"):
         _ = _load(spark, broker, f"{a},{b}").schema
-    with pytest.raises(Exception, match="decodeValue needs the option admin_url"):
-        spark.read.format("pulsar").option("service_url", broker.service_url).option("topics", a) \
+    with pytest.raises(Exception, match="decodeValue needs the option adminUrl"):
+        spark.read.format("pulsar-txn").option("serviceUrl", broker.service_url).option("topics", a) \
             .option("decodeValue", "true").load()
 
 
@@ -175,7 +175,7 @@ def dedup_ns(broker):
 
 
 def _sink(broker, topic: str, **extra):
-    o = {"service_url": broker.service_url, "admin_url": broker.admin_url, "topic": topic,
+    o = {"serviceUrl": broker.service_url, "adminUrl": broker.admin_url, "topic": topic,
          "job": f"job-{uuid.uuid4().hex[:8]}", "encodeValue": "true"}
     o.update(extra)
     return o
@@ -234,8 +234,8 @@ def test_sink_string_schema_and_what_it_refuses(spark, broker, official, dedup_n
     with pytest.raises(Exception, match="has no schema in the broker's registry"):
         spark.sql("SELECT 'x' AS value").write.format("pulsar-txn").mode("append").options(**_sink(broker, bare)).save()
     opts = _sink(broker, topic)
-    del opts["admin_url"]
-    with pytest.raises(Exception, match="encodeValue needs options topic and admin_url"):
+    del opts["adminUrl"]
+    with pytest.raises(Exception, match="encodeValue needs options topic and adminUrl"):
         spark.sql("SELECT 'x' AS value").write.format("pulsar-txn").mode("append").options(**opts).save()
 
 
