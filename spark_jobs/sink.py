@@ -729,9 +729,9 @@ class PulsarTxnDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        from .source import SCHEMA
+        from .source import PulsarDataSource
 
-        return SCHEMA
+        return PulsarDataSource(self.options).schema()  # the source's columns (value typed by decodeValue)
 
     def reader(self, schema: StructType) -> Any:
         from .source import PulsarDataSource
