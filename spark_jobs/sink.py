@@ -163,6 +163,7 @@ from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructT
 
 from txn.delivery.batch_ids import micro_batch_id, stream_next_id, write_batch_id
 from txn.delivery.ledger import Kind, LedgerRecord, RecordConfig, default_ledger_topic, now_ms
+from txn.producer import HashingScheme
 from txn.settings import BrokerSettings
 
 from .options import (
@@ -226,6 +227,7 @@ _FALSE = ("false", "0", "no", "off")
 #: Every option the sink reads, as users write them (``checkpointLocation`` is Spark's own).
 SINK_OPTIONS = ("serviceUrl", "adminUrl", "topic", "ledgerTopic", "job", "txnTimeoutMs", "deterministicOrder",
                 "batchMaxRows", "batchMaxBytes", "queryId", "batchId", "extraColumns", "writer", "encodeValue",
+                "hashingScheme",
                 "checkpointLocation", *SECURITY_OPTIONS)
 #: Internal key -> other names: the camelCase names above for the snake-case keys (the older names).
 SINK_ALIASES = {**CONNECTION_ALIASES, **camel_aliases(("ledger_topic", "txn_timeout_ms", "deterministic_order",
@@ -257,6 +259,9 @@ class SinkOptions:
     #: ``encodeValue=true``: the topic's registered schema, which encodes the ``value`` column
     #: (:mod:`spark_jobs.value_schema`); None: ``value`` is the payload's bytes or text.
     value_schema: TopicValueSchema | None = None
+    #: ``hashingScheme``: the partition hash of keyed rows (the client's default, the official
+    #: Python client's; ``JavaStringHash`` for topics shared with Java producers).
+    hashing_scheme: HashingScheme = HashingScheme.BoostHash
 
     @property
     def conn(self) -> BrokerSettings | str:
@@ -277,6 +282,11 @@ class SinkOptions:
         extra_columns = str(o.get("extracolumns", "error")).strip().lower()
         if extra_columns not in ("error", "ignore"):
             raise SinkError(f"option extraColumns must be error or ignore, got {o.get('extracolumns')!r}")
+        scheme_name = str(o.get("hashingscheme", "BoostHash")).strip()
+        schemes = {m.name.lower(): m for m in HashingScheme}
+        if scheme_name.lower() not in schemes:
+            raise SinkError(f"option hashingScheme must be one of {', '.join(m.name for m in HashingScheme)}, "
+                            f"got {scheme_name!r}")
         writer = str(o.get("writer", "arrow")).strip().lower()
         if writer not in ("arrow", "rows"):
             raise SinkError(f"option writer must be arrow or rows, got {o.get('writer')!r}")
@@ -337,6 +347,7 @@ class SinkOptions:
             extra_columns=extra_columns,
             writer=writer,
             value_schema=value_schema,
+            hashing_scheme=schemes[scheme_name.lower()],
             **limits,
         )
 
@@ -515,6 +526,7 @@ class _WriterBase:
             deterministic_order=o.deterministic_order, has_key=self.cols.has_key, has_topic=self.cols.has_topic,
             has_props=self.cols.has_props, batch_max_rows=o.batch_max_rows, batch_max_bytes=o.batch_max_bytes,
             has_event_time=self.cols.has_event_time, settings=o.settings, value_schema=o.value_schema,
+            hashing_scheme=int(o.hashing_scheme),
         )
         res = run(write_partition(plan, iterator, getattr(self, "_after_send", None), self._ARROW))
         log.info("pulsar-txn task p%d attempt %d: %d rows into %s (%d already stored) in %.2fs", partition_id,

@@ -32,7 +32,7 @@ from txn.errors import (
     TransactionTimedOut,
 )
 from txn.message import MessageId, TxnID
-from txn.producer import AsyncProducer, java_string_hash
+from txn.producer import AsyncProducer, HashingScheme, hash_function
 from txn.settings import BrokerSettings
 from txn.topic import parse_topic
 
@@ -505,6 +505,8 @@ class TaskPlan:
     settings: BrokerSettings | None = None
     #: ``encodeValue``: the topic's schema; values are encoded by it and produced under its version.
     value_schema: TopicValueSchema | None = None
+    #: The partition hash of keyed rows (a :class:`txn.producer.HashingScheme` value).
+    hashing_scheme: int = int(HashingScheme.BoostHash)
 
     @property
     def producer_name(self) -> str:
@@ -674,6 +676,7 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
         counts: dict[str, int] = {}
         open_: dict[str, _OpenBatch] = {}
         registered = None if plan.value_schema is None else plan.value_schema.txn_schema()
+        key_hash = hash_function(HashingScheme(plan.hashing_scheme))
         sent_batches: list[list[asyncio.Future[MessageId]]] = []
 
         async def send(dest: str, b: _OpenBatch) -> None:
@@ -705,7 +708,7 @@ async def write_partition(plan: TaskPlan, rows: Iterable[Any], hook: SendHook | 
                 if len(dests) == 1:
                     dest = dests[0]
                 elif row.key:
-                    dest = dests[java_string_hash(row.key) % len(dests)]
+                    dest = dests[key_hash(row.key) % len(dests)]
                 else:
                     n = rr.get(row.topic, 0)
                     rr[row.topic] = n + 1

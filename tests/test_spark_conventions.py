@@ -560,3 +560,52 @@ def _ledger(broker, topic: str) -> list:  # noqa: ANN001
             return await read_ledger(c, default_ledger_topic(topic))
 
     return asyncio.run(go())
+
+
+@pytest.mark.parametrize("scheme", [None, "JavaStringHash"])
+def test_sink_puts_each_key_on_the_partition_a_producer_would(spark, broker, dedup_ns, scheme) -> None:  # noqa: ANN001, F811
+    """Keyed rows land where a producer of the same scheme puts the key: by default the official
+    Python client's (and txn's) hash, with ``hashingScheme=JavaStringHash`` the Java client's."""
+    import txn
+    from txn.admin import create_partitioned_topic
+
+    keys = [f"key-{i}" for i in range(40)] + ["ünï", "日本", ""]
+    by_sink = f"persistent://{dedup_ns}/hash-sink-{uuid.uuid4().hex[:8]}"
+    by_producer = f"persistent://{dedup_ns}/hash-prod-{uuid.uuid4().hex[:8]}"
+    for t in (by_sink, by_producer):
+        create_partitioned_topic(broker.admin_url, t, 4)
+    opts = {"serviceUrl": broker.service_url, "adminUrl": broker.admin_url, "topic": by_sink,
+            "job": f"hash-{uuid.uuid4().hex[:6]}"}
+    if scheme:
+        opts["hashingScheme"] = scheme
+    rows = [(k or None, k.encode() or b"-") for k in keys]
+    spark.createDataFrame(rows, "key string, value binary").repartition(3).write.format("pulsar-txn") \
+        .mode("append").options(**opts).save()
+    if scheme:
+        with txn.Client(broker.service_url) as c:
+            p = c.create_producer(by_producer, batching_enabled=False,
+                                  hashing_scheme=txn.HashingScheme.JavaStringHash)
+            for k in keys:
+                p.send(k.encode() or b"-", partition_key=k or None)
+    else:
+        c = pulsar.Client(broker.service_url)  # the official Python client is the reference
+        p = c.create_producer(by_producer, batching_enabled=False)
+        for k in keys:
+            p.send(k.encode() or b"-", partition_key=k or None)
+        c.close()
+
+    def partition_of_key(topic: str) -> dict[str, int]:
+        peer = pulsar.Client(broker.service_url)
+        try:
+            sub = peer.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+            got = read_n(sub, len(keys))
+            return {m.partition_key(): int(m.topic_name().rsplit("-", 1)[1]) for m in got if m.partition_key()}
+        finally:
+            peer.close()
+
+    sink_parts, producer_parts = partition_of_key(by_sink), partition_of_key(by_producer)
+    assert len(sink_parts) == len(keys) - 1  # every keyed row; the empty key goes round robin
+    assert sink_parts == producer_parts
+    assert len(set(sink_parts.values())) == 4
+    with pytest.raises(SinkError, match="hashingScheme must be one of"):
+        SinkOptions.parse({**opts, "hashingScheme": "md5"})

@@ -23,7 +23,7 @@ from .accumulator import Accumulator, _Batch, _Op
 from .async_producer import AsyncProducer, log, run_callback
 from .config import _NO_TXN, BatchEntry, BatchingType, PartitionsRoutingMode, ProducerAccessMode, ProducerConfig, _kv
 from .partition import PartitionProducer
-from .routing import HashingScheme, boost_hash, java_string_hash, murmur3_32_hash
+from .routing import HashingScheme, boost_hash, hash_function, java_string_hash, murmur3_32_hash
 from .sender import Sender, T
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "_Op",
     "_kv",
     "boost_hash",
+    "hash_function",
     "java_string_hash",
     "log",
     "murmur3_32_hash",
