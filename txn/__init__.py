@@ -85,6 +85,7 @@ from .errors import (
     UnknownError,
     UnsupportedVersionError,
 )
+from .failover import AutoClusterFailover, ClusterSwitched, ServiceInfo, ServiceInfoProvider
 from .message import EARLIEST, LATEST, Message, MessageId, TxnID
 from .producer import AsyncProducer, BatchingType, HashingScheme, PartitionsRoutingMode, ProducerAccessMode
 from .protocol import CompressionType
@@ -110,6 +111,7 @@ __all__ = [
     "AuthenticationTLS",
     "AuthenticationToken",
     "AuthorizationError",
+    "AutoClusterFailover",
     "BatchingType",
     "BrokerError",
     "BrokerMetadataError",
@@ -117,6 +119,7 @@ __all__ = [
     "BytesSchema",
     "ChecksumError",
     "ChecksumMismatch",
+    "ClusterSwitched",
     "Client",
     "CompressionType",
     "ConnectError",
@@ -183,6 +186,8 @@ __all__ = [
     "Reader",
     "RegexSubscriptionMode",
     "Result",
+    "ServiceInfo",
+    "ServiceInfoProvider",
     "ServiceNotReady",
     "ServiceUnitNotReady",
     "SubscriptionNotFound",
