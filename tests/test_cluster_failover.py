@@ -290,5 +290,8 @@ def test_auto_failover_when_the_primary_stops(broker: Broker, second: Broker) ->
         for c in clients.values():
             c.close()
     assert sorted(_topic_contents(broker.service_url, topic)) == expected
-    assert sorted(_topic_contents(second.service_url, topic)) == [
-        b"back-official", b"back-ours", b"before-official", b"before-ours"]
+    # The standalone stopped at once may have lost its last entries (the "before" ones): only the
+    # messages sent after the switch back are certain to be there.
+    on_primary = _topic_contents(second.service_url, topic)
+    assert sorted(g for g in on_primary if g.startswith(b"back-")) == [b"back-official", b"back-ours"]
+    assert set(on_primary) - {b"back-official", b"back-ours"} <= {b"before-official", b"before-ours"}

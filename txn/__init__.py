@@ -87,6 +87,7 @@ from .errors import (
 )
 from .failover import AutoClusterFailover, ClusterSwitched, ServiceInfo, ServiceInfoProvider
 from .message import EARLIEST, LATEST, Message, MessageId, TxnID
+from .message_batch import MessageBatch
 from .producer import AsyncProducer, BatchingType, HashingScheme, PartitionsRoutingMode, ProducerAccessMode
 from .protocol import CompressionType
 from .reader import AsyncReader
@@ -162,6 +163,7 @@ __all__ = [
     "MemoryBufferIsFull",
     "Message",
     "MessageChunk",
+    "MessageBatch",
     "MessageId",
     "MessageTooBig",
     "NotAllowed",
