@@ -228,6 +228,9 @@ def test_transaction_open_during_a_switch_fails_typed(broker: Broker, second: Br
         assert info.value.txn_id == t.id
         with pytest.raises(txn.ClusterSwitched, match="cannot move between clusters"):
             t.commit()
+        sibling = client.async_client.sibling()
+        assert sibling.get_service_info().service_url == second.service_url
+        client.bridge.run(sibling.close())
         t2 = client.new_transaction()
         _send(producer, b"second-cluster")
         producer.send(b"in-new-txn", txn=t2)

@@ -165,6 +165,9 @@ class AsyncClient:
         if self._closed:
             return
         old, self._service_info = self._tc, info
+        # A sibling made from now on is a plain client of the new cluster.
+        self._init_args.update(service_url=info.service_url, authentication=info.authentication,
+                               tls_trust_certs_file_path=info.tls_trust_certs_file_path)
         self._tc = SwitchableCoordinator(self._pool, info.service_url)
         self._pool.switch_service(info.service_url, info.authentication, info.tls_trust_certs_file_path)
         if isinstance(old, SwitchableCoordinator):
@@ -197,7 +200,8 @@ class AsyncClient:
         """A new client with this one's settings and connections of its own (close it yourself).
 
         For producers whose failures must not touch this client's connections: the broker closes
-        a whole connection when a message arrives for a producer it has just fenced out."""
+        a whole connection when a message arrives for a producer it has just fenced out. A failover
+        client's sibling is a plain client of the cluster in use when it is made."""
         self._check()
         return AsyncClient(**self._init_args)
 
