@@ -541,8 +541,9 @@ class AsyncClient:
         self._check()
         if timeout_millis <= 0:
             raise ValueError("timeout_millis must be positive")
-        txn_id = await self._tc.new_txn(int(timeout_millis))
-        return self._txn_class(self._tc, txn_id, int(timeout_millis))
+        tc = self._tc  # a transaction stays with the coordinator (cluster) that opened it
+        txn_id = await tc.new_txn(int(timeout_millis))
+        return self._txn_class(tc, txn_id, int(timeout_millis))
 
     def transaction_from_id(self, txn_id: TxnID | str, timeout_millis: int = 60000) -> AsyncTransaction:
         """A handle on a transaction another process opened (e.g. a Spark driver's), to produce and
