@@ -85,7 +85,9 @@ from .errors import (
     UnknownError,
     UnsupportedVersionError,
 )
+from .failover import AutoClusterFailover, ClusterSwitched, ServiceInfo, ServiceInfoProvider
 from .message import EARLIEST, LATEST, Message, MessageId, TxnID
+from .message_batch import MessageBatch
 from .producer import AsyncProducer, BatchingType, HashingScheme, PartitionsRoutingMode, ProducerAccessMode
 from .protocol import CompressionType
 from .reader import AsyncReader
@@ -110,6 +112,7 @@ __all__ = [
     "AuthenticationTLS",
     "AuthenticationToken",
     "AuthorizationError",
+    "AutoClusterFailover",
     "BatchingType",
     "BrokerError",
     "BrokerMetadataError",
@@ -117,6 +120,7 @@ __all__ = [
     "BytesSchema",
     "ChecksumError",
     "ChecksumMismatch",
+    "ClusterSwitched",
     "Client",
     "CompressionType",
     "ConnectError",
@@ -159,6 +163,7 @@ __all__ = [
     "MemoryBufferIsFull",
     "Message",
     "MessageChunk",
+    "MessageBatch",
     "MessageId",
     "MessageTooBig",
     "NotAllowed",
@@ -183,6 +188,8 @@ __all__ = [
     "Reader",
     "RegexSubscriptionMode",
     "Result",
+    "ServiceInfo",
+    "ServiceInfoProvider",
     "ServiceNotReady",
     "ServiceUnitNotReady",
     "SubscriptionNotFound",

@@ -31,6 +31,15 @@ from .context import ClientContext
 from .coordinator import CoordinatorClient
 from .crypto import ConsumerCryptoFailureAction, CryptoKeyReader, consumer_decryptor, producer_encryptor
 from .errors import AlreadyClosed, InvalidConfiguration
+from .failover import (
+    AutoClusterFailover,
+    ClusterFailover,
+    ServiceInfo,
+    ServiceInfoProvider,
+    SwitchableCoordinator,
+    SwitchableTransaction,
+    check_client_arguments,
+)
 from .message import Message, MessageId, TxnID
 from .partitioned_reader import AsyncPartitionedReader
 from .pool import MAX_PARTITIONS, ConnectionPool
@@ -80,11 +89,15 @@ class AsyncClient:
     ``tls_certificate_file_path`` / ``tls_private_key_file_path``: a client certificate presented
     in TLS handshakes (mutual TLS), whatever ``authentication`` is; with
     :class:`~txn.auth.AuthenticationTLS` its own files are used when these are not given.
+
+    ``service_url`` may be an :class:`~txn.AutoClusterFailover` or a :class:`~txn.ServiceInfoProvider`
+    (cluster failover, see :mod:`txn.failover`; build the client on a running event loop then);
+    each :class:`~txn.ServiceInfo` then carries its cluster's authentication and TLS trust file.
     """
 
     def __init__(
         self,
-        service_url: str,
+        service_url: str | AutoClusterFailover | ServiceInfoProvider,
         authentication: Authentication | None = None,
         operation_timeout_seconds: float = 30,
         connection_timeout_ms: int = 10000,
@@ -99,6 +112,12 @@ class AsyncClient:
         tls_certificate_file_path: str | None = None,
         logger: logging.Logger | ConsoleLogger | FileLogger | None = None,
     ) -> None:
+        check_client_arguments(service_url, authentication, tls_trust_certs_file_path)
+        self._failover = None if isinstance(service_url, str) else ClusterFailover(service_url)
+        if self._failover is not None:
+            info = self._failover.current
+            service_url, authentication, tls_trust_certs_file_path = (
+                info.service_url, info.authentication, info.tls_trust_certs_file_path)
         check_type(str, service_url, "service_url")
         check_logger(logger)
         check_type_or_none(Authentication, authentication, "authentication")
@@ -111,7 +130,7 @@ class AsyncClient:
                             ("max_uncompressed_message_size", max_uncompressed_message_size)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive")
-        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "name", "value")}
+        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "name", "value", "info")}
         self._pool = ConnectionPool(
             service_url,
             auth=authentication,
@@ -127,14 +146,36 @@ class AsyncClient:
             max_message_size_ceiling=max_message_size_ceiling,
             max_uncompressed_message_size=max_uncompressed_message_size,
         )
+        self._service_info = ServiceInfo(service_url, authentication, tls_trust_certs_file_path)
         self._ids = itertools.count(1)
-        self._tc = CoordinatorClient(self._pool)
+        self._tc = CoordinatorClient(self._pool) if self._failover is None else SwitchableCoordinator(
+            self._pool, service_url)
+        self._txn_class = AsyncTransaction if self._failover is None else SwitchableTransaction
         self._producers: set[AsyncProducer] = set()
         self._consumers: set[AsyncConsumer] = set()
         self._closed = False
         self._ctx = ClientContext(self._pool, self._ids.__next__, self._register, self._forget)
         if logger is not None:
             client_logger.attach(id(self), client_logger.as_logger(logger))
+        if self._failover is not None:
+            self._failover.start(self._switch_cluster)
+
+    def _switch_cluster(self, info: ServiceInfo) -> None:
+        """Cluster failover: move the pool to ``info``'s cluster; open transactions stay behind."""
+        if self._closed:
+            return
+        old, self._service_info = self._tc, info
+        # A sibling made from now on is a plain client of the new cluster.
+        self._init_args.update(service_url=info.service_url, authentication=info.authentication,
+                               tls_trust_certs_file_path=info.tls_trust_certs_file_path)
+        self._tc = SwitchableCoordinator(self._pool, info.service_url)
+        self._pool.switch_service(info.service_url, info.authentication, info.tls_trust_certs_file_path)
+        if isinstance(old, SwitchableCoordinator):
+            old.retire(info.service_url)
+
+    def get_service_info(self) -> ServiceInfo:
+        """The cluster this client uses now (as ``pulsar.Client.get_service_info``)."""
+        return self._service_info
 
     def _next_id(self) -> int:
         return next(self._ids)
@@ -159,7 +200,8 @@ class AsyncClient:
         """A new client with this one's settings and connections of its own (close it yourself).
 
         For producers whose failures must not touch this client's connections: the broker closes
-        a whole connection when a message arrives for a producer it has just fenced out."""
+        a whole connection when a message arrives for a producer it has just fenced out. A failover
+        client's sibling is a plain client of the cluster in use when it is made."""
         self._check()
         return AsyncClient(**self._init_args)
 
@@ -499,8 +541,9 @@ class AsyncClient:
         self._check()
         if timeout_millis <= 0:
             raise ValueError("timeout_millis must be positive")
-        txn_id = await self._tc.new_txn(int(timeout_millis))
-        return AsyncTransaction(self._tc, txn_id, int(timeout_millis))
+        tc = self._tc  # a transaction stays with the coordinator (cluster) that opened it
+        txn_id = await tc.new_txn(int(timeout_millis))
+        return self._txn_class(tc, txn_id, int(timeout_millis))
 
     def transaction_from_id(self, txn_id: TxnID | str, timeout_millis: int = 60000) -> AsyncTransaction:
         """A handle on a transaction another process opened (e.g. a Spark driver's), to produce and
@@ -509,7 +552,7 @@ class AsyncClient:
         """
         self._check()
         tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
-        return AsyncTransaction(self._tc, tid, int(timeout_millis))
+        return self._txn_class(self._tc, tid, int(timeout_millis))
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
         """Partition names of ``topic`` (``[topic]`` if it is not partitioned)."""
@@ -524,6 +567,8 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self._failover is not None:
+            self._failover.close()
         self._pool.close()
         await asyncio.gather(*(p.close(flush=False) if isinstance(p, AsyncProducer) else p.close()
                                for p in list(self._producers)),
@@ -535,6 +580,8 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self._failover is not None:
+            self._failover.close()
         await asyncio.gather(*(p.close() for p in list(self._producers)), return_exceptions=True)
         await asyncio.gather(*(c.close() for c in list(self._consumers)), return_exceptions=True)
         self._pool.close()

@@ -98,25 +98,14 @@ class ConnectionPool:
         self.max_message_size_ceiling = max_message_size_ceiling
         #: Bound on a decompressed entry; ``None``: the connection's ``max_message_size``.
         self.max_uncompressed_message_size = max_uncompressed_message_size
-        self.service_addresses = parse_service_url(service_url)
-        self.service_url = service_url
-        self.auth = auth
         self.operation_timeout = operation_timeout
         self.connection_timeout = connection_timeout
         self.keepalive_interval = keepalive_interval
-        self.use_tls = self.service_addresses[0].tls
-        self._ssl: ssl.SSLContext | None = None
-        if auth is not None:
-            auth.configure_client_tls(tls_trust_certs_file_path, tls_allow_insecure_connection)
-        client_cert = client_certificate(auth, tls_certificate_file_path, tls_private_key_file_path)
-        if self.use_tls:
-            ctx = ssl.create_default_context(cafile=tls_trust_certs_file_path)
-            ctx.check_hostname = tls_validate_hostname and not tls_allow_insecure_connection
-            if tls_allow_insecure_connection:
-                ctx.verify_mode = ssl.CERT_NONE
-            if client_cert is not None:
-                load_client_certificate(ctx, *client_cert)
-            self._ssl = ctx
+        self._tls_options = (tls_allow_insecure_connection, tls_validate_hostname, tls_certificate_file_path,
+                             tls_private_key_file_path)
+        #: Incremented by each :meth:`switch_service` (a connection opened across one is dropped).
+        self.cluster_epoch = 0
+        self._configure(service_url, auth, tls_trust_certs_file_path)
         self._conns: dict[tuple[str, str], asyncio.Future[Connection]] = {}
         self._rr = 0
         self.closed = False
@@ -125,6 +114,40 @@ class ConnectionPool:
         self.lookups = 0
         self.lookup_redirects = 0
         self.lookups_elsewhere = 0
+
+    def _configure(self, service_url: str, auth: Authentication | None, tls_trust_certs_file_path: str | None) -> None:
+        """Set the service URL and the credentials and TLS settings of the cluster it names."""
+        allow_insecure, validate_hostname, cert_path, key_path = self._tls_options
+        addresses = parse_service_url(service_url)
+        ctx: ssl.SSLContext | None = None
+        if auth is not None:
+            auth.configure_client_tls(tls_trust_certs_file_path, allow_insecure)
+        client_cert = client_certificate(auth, cert_path, key_path)
+        if addresses[0].tls:
+            ctx = ssl.create_default_context(cafile=tls_trust_certs_file_path)
+            ctx.check_hostname = validate_hostname and not allow_insecure
+            if allow_insecure:
+                ctx.verify_mode = ssl.CERT_NONE
+            if client_cert is not None:
+                load_client_certificate(ctx, *client_cert)
+        self.service_addresses = addresses
+        self.service_url = service_url
+        self.auth = auth
+        self.use_tls = addresses[0].tls
+        self._ssl = ctx
+
+    def switch_service(self, service_url: str, auth: Authentication | None,
+                       tls_trust_certs_file_path: str | None) -> None:
+        """Move to another cluster (cluster failover): later connections go to ``service_url`` with
+        ``auth`` and the trust file; every current connection is closed, so producers, consumers
+        and readers reconnect there."""
+        self._configure(service_url, auth, tls_trust_certs_file_path)
+        self.cluster_epoch += 1
+        conns = list(self._conns.values())
+        self._conns.clear()
+        for fut in conns:
+            if fut.done() and fut.exception() is None:
+                fut.result().close(ConnectError(f"the client switched to cluster {service_url}"))
 
     # ------------------------------------------------------------- connections
 
@@ -147,10 +170,16 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._conns[key] = fut
+        epoch = self.cluster_epoch
         try:
             conn = await self._open(logical_url, physical_url)
+            if self.cluster_epoch != epoch:
+                conn.close()
+                raise ConnectError(f"the client switched to cluster {self.service_url} while connecting to "
+                                   f"{physical_url}")
         except BaseException as exc:
-            self._conns.pop(key, None)
+            if self._conns.get(key) is fut:
+                self._conns.pop(key, None)
             if not fut.done():
                 # Callers waiting on this attempt get a PulsarError even when the task that made
                 # it was cancelled: a CancelledError handed to them would end their own retry loops

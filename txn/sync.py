@@ -25,6 +25,7 @@ from .client_logger import ConsoleLogger, FileLogger
 from .connection import MAX_MESSAGE_SIZE_CEILING
 from .consumer import AsyncConsumer, ConsumerType, InitialPosition
 from .errors import AlreadyClosed, ProducerQueueIsFull, PulsarError, Result, Timeout
+from .failover import AutoClusterFailover, ServiceInfo, ServiceInfoProvider
 from .message import Message, MessageId
 from .pool import MAX_PARTITIONS
 from .producer import AsyncProducer, run_callback
@@ -485,11 +486,12 @@ class Reader:
 
 
 class Client:
-    """A Pulsar client with a blocking API; parameters mirror ``pulsar.Client``."""
+    """A Pulsar client with a blocking API; parameters mirror ``pulsar.Client`` (``service_url`` may be
+    an :class:`~txn.AutoClusterFailover` or a :class:`~txn.ServiceInfoProvider`)."""
 
     def __init__(
         self,
-        service_url: str,
+        service_url: str | AutoClusterFailover | ServiceInfoProvider,
         authentication: Authentication | None = None,
         operation_timeout_seconds: float = 30,
         connection_timeout_ms: int = 10000,
@@ -534,6 +536,10 @@ class Client:
     def _check(self) -> None:
         if self._closed:
             raise AlreadyClosed("client is closed")
+
+    def get_service_info(self) -> ServiceInfo:
+        """The cluster this client uses now (as ``pulsar.Client.get_service_info``)."""
+        return self._inner.get_service_info()
 
     @property
     def bridge(self) -> LoopThread:
