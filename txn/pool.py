@@ -146,7 +146,7 @@ class ConnectionPool:
         conns = list(self._conns.values())
         self._conns.clear()
         for fut in conns:
-            if fut.done() and fut.exception() is None:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 fut.result().close(ConnectError(f"the client switched to cluster {service_url}"))
 
     # ------------------------------------------------------------- connections
@@ -224,7 +224,7 @@ class ConnectionPool:
         """Close every connection."""
         self.closed = True
         for fut in list(self._conns.values()):
-            if fut.done() and fut.exception() is None:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 fut.result().close()
         self._conns.clear()
 
