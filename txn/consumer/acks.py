@@ -117,6 +117,8 @@ class AckTracker:
     _conn: Connection | None
     _closed: bool
     _epoch: int
+    stale_entries: set[tuple[int, int]]
+    skipped_after_redeliver: bool
     _ack_inbox: deque[tuple[Message | MessageId, bool]]
     _batch_unacked: dict[tuple[int, int, int, int], set[int]]
     _nacks: dict[MessageId, float]
@@ -276,6 +278,8 @@ class AckTracker:
                 )
                 return
             self._epoch += 1
+            self.stale_entries.clear()
+            self.skipped_after_redeliver = False
             if self.parent.unacked is not None:
                 self.parent.unacked.clear(self)
             removed = self.parent.receive_queue.remove_where(lambda m: m.consumer is self)

@@ -21,7 +21,7 @@ from ..errors import (
 from ..message import MessageId, ReceivedMessage, TxnID, signed64
 from ..protocol import NULL_PAYLOAD, Frame, decompress, pb, split_batch
 from .chunks import CHUNKED_MESSAGE_LIMIT, ChunkBuffer, ChunkedMessage
-from .config import ConsumerConfig
+from .config import ConsumerConfig, ConsumerType
 from .parent import ConsumerParent
 
 log = logging.getLogger("txn.consumer")
@@ -79,6 +79,8 @@ class MessageFlow:
     ctx: ClientContext
     _conn: Connection | None
     _epoch: int
+    stale_entries: set[tuple[int, int]]
+    skipped_after_redeliver: bool
 
     # ----------------------------------------------------------------- messages
 
@@ -119,10 +121,13 @@ class MessageFlow:
         charged = _charged_permits(n, ack_set)  # what this entry cost the broker's count for us
         if self.zero_queue:
             self.zero_permits -= charged
+        mid = cmd.message_id
         if cmd.HasField("consumer_epoch") and cmd.consumer_epoch < self._epoch:
             self._skip(charged)  # sent before a redeliver-all; it comes again
+            self.stale_entries.add((mid.ledgerId, mid.entryId))
             return
-        mid = cmd.message_id
+        if self.stale_entries:
+            self._check_skipped((mid.ledgerId, mid.entryId))
         if not frame.checksum_ok:
             self._reject(ChecksumMismatch, "checksum mismatch", mid, charged)
             return
@@ -152,6 +157,23 @@ class MessageFlow:
                          f"undecodable payload: {exc.message}", mid, charged)
             return
         self._hand_out(msgs, charged)
+
+    def _check_skipped(self, at: tuple[int, int]) -> None:
+        """After a redeliver-all, the broker re-sends from its cursor; but a read it had in flight
+        may still be dispatched with the old epoch (dropped here) and move its read position past
+        those entries (Pulsar 4.0.8, single-active-consumer dispatch). In order delivery (Exclusive,
+        Failover) an entry of the new epoch beyond a dropped one shows the broker skipped it: then
+        ``skipped_after_redeliver`` is set, for the owner to redeliver again (a consumer that
+        stays connected is sent nothing again otherwise)."""
+        self.stale_entries.discard(at)
+        if self.conf.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            self.stale_entries.clear()
+            return
+        if self.stale_entries and min(self.stale_entries) < at:
+            log.info("%s: the broker skipped %d entr(ies) from %s after a redelivery request (a read it had in "
+                     "flight); they need another", self.topic, len(self.stale_entries), min(self.stale_entries))
+            self.stale_entries.clear()
+            self.skipped_after_redeliver = True
 
     def _hand_out(self, msgs: list[ReceivedMessage], charged: int) -> None:
         """Queue an entry's messages (those a seek or a reader's start leaves), returning the permits

@@ -65,6 +65,10 @@ class TopicConsumer(MessageFlow, AckTracker):
         self.ready = asyncio.Event()
         self._closed = False
         self._epoch = 0
+        #: Entries dropped as sent before the last redeliver-all (stale epoch), and whether the
+        #: broker then skipped one of them (see ``MessageFlow.on_message``).
+        self.stale_entries: set[tuple[int, int]] = set()
+        self.skipped_after_redeliver = False
         self._reconnect_task: asyncio.Task[None] | None = None
         self._ack_inbox: deque[tuple[Message | MessageId, bool]] = deque()
         # (ledger, entry, partition, batch size) -> batch indexes not yet acknowledged

@@ -51,6 +51,19 @@ class BatchLoop:
     _audit_tick: Callable[[], Awaitable[None]]  # Redo's
     _audit_watch: Callable[[], Awaitable[None]]  # Redo's
 
+    def _hand_back_skipped(self, idle: bool = False) -> None:
+        """Inputs the broker skipped after a redelivery request are asked for again now, not after
+        ``redeliver_idle_s``: those it sent past (``TopicConsumer.skipped_after_redeliver``), and,
+        ``idle`` (a batch's wait without input, nothing committing), those it has not sent again
+        at all (``stale_entries`` left: dropped as sent before the request, never seen since: no
+        later entry shows the gap when they were the topic's last)."""
+        assert self._consumer is not None
+        for tc in self._consumer.topic_consumers:
+            if tc.skipped_after_redeliver or (idle and tc.stale_entries):
+                tc.skipped_after_redeliver = False
+                tc.stale_entries.clear()
+                self._handback.add(tc)
+
     def stop(self) -> None:
         """Ask the run loop to finish the batch in flight and return."""
         self._stopping.set()
@@ -72,6 +85,7 @@ class BatchLoop:
             while not self._stopping.is_set():
                 if self.fatal is not None:
                     raise self.fatal
+                self._hand_back_skipped()
                 if self._handback:
                     woken, idle_wake = idle_wake, False
                     await self._redeliver_handed_back()
@@ -88,6 +102,10 @@ class BatchLoop:
                     print(self.stats.line(self.config.job, len(self._inflight)), file=self._progress, flush=True)
                     last_progress = now
                 if not batch:
+                    if not self._inflight:
+                        self._hand_back_skipped(idle=True)
+                        if self._handback:
+                            continue
                     if (idle_exit_ms is not None and (now - idle_since) * 1000 >= idle_exit_ms and not self._inflight
                             and not self._handback):
                         if self.config.ordering is None or not self.config.ordering.holding:
