@@ -401,6 +401,9 @@ def java_perf(pulsar_home: Path, url: str, admin_url: str, in_topic: str, second
     return res
 
 
+#: pulsar-perf produce's ``-r`` for "as fast as it goes": 4.0.8 refuses 0 ("rate must be positive").
+UNTHROTTLED = 10_000_000
+
 _PERF_THROUGHPUT = re.compile(r"Aggregated throughput stats --- (\d+) records (?:sent|received) --- +([\d.]+) msg/s")
 
 
@@ -412,7 +415,8 @@ def perf_limit(pulsar_home: Path, url: str, kind: str, topic: str, seconds: int,
     msg/s and message count."""
     exe = str(pulsar_home / "bin" / "pulsar-perf")
     if kind == "produce":
-        cmd = [exe, "produce", "-u", url, "-r", "0", "-s", str(size), "-n", "4", "-time", str(seconds), topic]
+        cmd = [exe, "produce", "-u", url, "-r", str(UNTHROTTLED), "-s", str(size), "-n", "4", "-time", str(seconds),
+               topic]
     else:
         cmd = [exe, "consume", "-u", url, "-ss", uniq("perf-sub"), "-sp", "Earliest", "-m", str(n),
                "-time", str(seconds), topic]
