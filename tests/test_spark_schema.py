@@ -63,8 +63,10 @@ def _load(spark, broker, topics: str, **options):  # noqa: F811
     return r.load()
 
 
-@pytest.mark.parametrize("kind", ["avro", "json"])
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+@pytest.mark.parametrize(("kind", "batched"), [
+    ("avro", True), ("json", False),  # the default suite; the other two shapes with --run-slow
+    pytest.param("avro", False, marks=pytest.mark.slow), pytest.param("json", True, marks=pytest.mark.slow)],
+    ids=["avro-batched", "json-unbatched", "avro-unbatched", "json-batched"])
 def test_source_decodes_records_into_columns(spark, broker, official, unique_name, kind, batched):  # noqa: F811
     topic = f"persistent://public/default/{unique_name('rd')}"
     schema = ps.AvroSchema(Reading) if kind == "avro" else ps.JsonSchema(Reading)
@@ -192,8 +194,10 @@ def _drain(consumer, n: int):
     raise AssertionError(f"more than {n} messages: {extra.value()!r}")
 
 
-@pytest.mark.parametrize("kind", ["avro", "json"])
-@pytest.mark.parametrize("writer", ["arrow", "rows"])
+@pytest.mark.parametrize(("kind", "writer"), [
+    ("avro", "arrow"), ("json", "rows"),  # the default suite; the other two with --run-slow
+    pytest.param("avro", "rows", marks=pytest.mark.slow), pytest.param("json", "arrow", marks=pytest.mark.slow)],
+    ids=["avro-arrow", "json-rows", "avro-rows", "json-arrow"])
 def test_sink_encodes_struct_rows_by_the_topic_schema(spark, broker, official, dedup_ns, unique_name,  # noqa: F811
                                                       kind, writer):
     topic = f"persistent://{dedup_ns}/{unique_name('wr')}"

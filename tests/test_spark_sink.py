@@ -45,7 +45,7 @@ from txn.admin import admin_request, create_namespace, create_partitioned_topic,
 from txn.client import AsyncClient  # noqa: E402
 from txn.delivery.ledger import LedgerRecord, default_ledger_topic  # noqa: E402
 from txn.delivery.replay import read_ledger  # noqa: E402
-from txn.producer import java_string_hash  # noqa: E402
+from txn.producer import boost_hash  # noqa: E402
 
 from peer import SENTINEL_PROP, assert_nothing, read_until_sentinel  # noqa: E402
 
@@ -254,9 +254,9 @@ def test_batch_write_two_topics_invisible_until_commit(spark, broker, peer, name
     got_a, got_b = read_topic(peer, topic_a), read_topic(peer, topic_b)
     assert as_rows(got_a) == expected_rows(ids_a)
     assert as_rows(got_b) == expected_rows(ids_b)
-    for m in got_b:  # keyed rows are routed like the clients route them: Java hash of the key
+    for m in got_b:  # keyed rows are routed like the clients route them: the official Python client's hash
         if m.partition_key():
-            assert m.topic_name() == f"{topic_b}-partition-{java_string_hash(m.partition_key()) % 2}"
+            assert m.topic_name() == f"{topic_b}-partition-{boost_hash(m.partition_key()) % 2}"
     assert {m.topic_name() for m in got_b} == {f"{topic_b}-partition-0", f"{topic_b}-partition-1"}
     recs = ledger(broker, default_ledger_topic(topic_a), names.job)
     (rec,) = committed(recs)

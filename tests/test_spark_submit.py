@@ -66,6 +66,7 @@ def cluster() -> Iterator[tuple[str, Path]]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.slow  # test_spark_cluster.py submits to a standalone cluster in the default suite
 def test_spark_submit_module_function_on_standalone_cluster(  # noqa: ANN001
         cluster: tuple[str, Path], broker, tmp_path: Path) -> None:
     master_url, d = cluster
