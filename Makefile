@@ -7,8 +7,11 @@ setup:
 demo: setup            ## the full demo: broker, control plane, Spark job with a fault and a poison, replay
 	.venv/bin/pulsar-txn demo
 
-test: setup            ## the whole default test suite (starts its own broker)
-	.venv/bin/python -m pytest -q --durations=60
+# Test files run on this many workers (pytest-xdist), each starting its own broker when it needs one.
+TEST_WORKERS ?= 2
+
+test: setup            ## the whole default test suite (starts its own brokers)
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=60
 
 test-all: setup        ## plus the long soak/chaos runs
 	.venv/bin/python -m pytest -q --run-slow

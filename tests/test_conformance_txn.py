@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pulsar
@@ -313,7 +314,33 @@ def test_partial_batch_acks_commit_and_abort_per_index(client, official, topic):
     cons.close()
 
     # The odd ones are gone for good; every even one (the aborted acks included) comes back.
-    again = official.subscribe(topic, "partial", consumer_type=pulsar.ConsumerType.Shared)
-    got = sorted(int(m.data()) for m in read_n(again, 20))
-    assert got == list(range(0, 40, 2))
-    assert_nothing(again, 2000)
+    # On the 3-broker cluster, about 1 run in 40, the broker strands the never-acked entries that
+    # the closed consumer held: not in its replay set, read position past them, until a consumer
+    # subscribes again (seen in the subscription's stats). That is the broker's dispatch, not the
+    # per-index outcome asserted here; a second subscriber then gets them.
+    values: list[int] = []
+    for attempt in range(2):
+        again = official.subscribe(topic, "partial", consumer_type=pulsar.ConsumerType.Shared)
+        deadline = time.monotonic() + (10 if attempt == 0 else 30)
+        while len(set(values)) < 20 and time.monotonic() < deadline:
+            try:
+                m = again.receive(timeout_millis=1000)
+            except pulsar.Timeout:
+                continue
+            again.acknowledge(m)
+            values.append(int(m.data()))
+        if len(set(values)) == 20:
+            break
+        again.close()
+    else:
+        raise AssertionError(f"the evens never all came back: {sorted(set(values))}")
+    assert [v for v in values if v % 2] == [] and sorted(set(values)) == list(range(0, 40, 2))
+    if attempt == 0:
+        assert len(values) == 20
+        assert_nothing(again, 2000)
+    else:  # the new subscriber may get evens again (the first one's partial-batch acks), never an odd
+        late = []
+        with contextlib.suppress(pulsar.Timeout):
+            while True:
+                late.append(int(again.receive(timeout_millis=2000).data()))
+        assert [v for v in late if v % 2] == []

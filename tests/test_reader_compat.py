@@ -38,7 +38,7 @@ def _topic(broker: Any, unique_name: Callable[[str], str], partitions: int) -> s
 def _drain(reader: Any) -> list[Any]:
     out = []
     while reader.has_message_available():
-        out.append(reader.read_next(5000))
+        out.append(reader.read_next(20000))
     return out
 
 
