@@ -96,6 +96,7 @@ Index("ix_batches_job_status_totals", batches.c.job, batches.c.status, batches.c
 # page without a sort (and the metrics' count by status from the index alone).
 Index("ix_batches_job_started", batches.c.job, batches.c.started_at_ms, batches.c.batch_id)
 Index("ix_batches_status_started", batches.c.status, batches.c.started_at_ms, batches.c.batch_id)
+Index("ix_batches_started", batches.c.started_at_ms, batches.c.batch_id)  # the unfiltered page
 
 transactions = Table(
     "transactions", metadata,
@@ -113,6 +114,7 @@ transactions = Table(
 Index("ix_txns_id", transactions.c.txn_id)
 Index("ix_txns_state", transactions.c.state)
 Index("ix_txns_started", transactions.c.started_at_ms)
+Index("ix_txns_started_id", transactions.c.started_at_ms, transactions.c.txn_id)  # the unfiltered page
 # Pages filtered by job and/or state, newest first; a job's latest commit latencies (covering);
 # the time series (by end time, and open ones by start time) and the latency histogram (covering).
 Index("ix_txns_job_state_started", transactions.c.job, transactions.c.state, transactions.c.started_at_ms,

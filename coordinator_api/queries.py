@@ -48,9 +48,10 @@ def _page_statements(table_name: str, filters: tuple[str, ...]) -> tuple[Select[
     minimal start time), ``limit`` and ``offset``."""
     t, key = (_t, _t.c.txn_id) if table_name == "transactions" else (_b, _b.c.batch_id)
     stmt = select(t)
+    count = select(func.count()).select_from(t)  # not of a subquery: that reads every column of every row
     for name in filters:
-        stmt = stmt.where(t.c.started_at_ms >= bindparam(name) if name == "since" else t.c[name] == bindparam(name))
-    count = select(func.count()).select_from(stmt.subquery())
+        cond = t.c.started_at_ms >= bindparam(name) if name == "since" else t.c[name] == bindparam(name)
+        stmt, count = stmt.where(cond), count.where(cond)
     page = (stmt.order_by(t.c.started_at_ms.desc(), key.desc())
             .limit(bindparam("limit", type_=Integer)).offset(bindparam("offset", type_=Integer)))
     return count, page
