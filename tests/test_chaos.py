@@ -22,6 +22,9 @@ from txn.admin import create_namespace, enable_namespace_dedup
 
 from chaos import ALL_SHAPES, Shape, run_chaos, run_outbox_chaos
 
+#: Saturates the machine (or starts brokers of its own): `make test` runs it after the parallel part, alone.
+pytestmark = pytest.mark.solo
+
 
 def _check(res):
     assert res.sent > 0

@@ -34,6 +34,9 @@ from txn.errors import PulsarError
 
 from chaos import Shape, run_chaos
 
+#: Saturates the machine (or starts brokers of its own): `make test` runs it after the parallel part, alone.
+pytestmark = pytest.mark.solo
+
 #: The official client's log (connection-refused lines while a broker is dead) goes to pytest's log capture.
 _OFFICIAL_LOG = logging.getLogger("official-client")
 

@@ -22,6 +22,9 @@ from txn_shell.examples import demo_data
 from txn_shell.examples.demo import MAX_ATTEMPTS
 from txn_shell.localbroker import free_port
 
+#: Saturates the machine (or starts brokers of its own): `make test` runs it after the parallel part, alone.
+pytestmark = pytest.mark.solo
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -26,6 +26,9 @@ from txn_shell.localbroker import (
     render_config,
 )
 
+#: Saturates the machine (or starts brokers of its own): `make test` runs it after the parallel part, alone.
+pytestmark = pytest.mark.solo
+
 
 def _tc_count(broker) -> int:
     status, body = admin_request(

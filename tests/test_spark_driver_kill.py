@@ -50,6 +50,9 @@ from txn.delivery.replay import read_ledger  # noqa: E402
 
 from peer import SENTINEL_PROP, read_until_sentinel  # noqa: E402
 
+#: Saturates the machine (or starts brokers of its own): `make test` runs it after the parallel part, alone.
+pytestmark = pytest.mark.solo
+
 FAULT_ENV = "PULSAR_TXN_FAULT"  # spark_jobs.sink's test hook
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "spark_stream_child.py"
