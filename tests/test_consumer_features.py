@@ -114,7 +114,7 @@ def test_reader_seek_by_message_id_and_publish_time(clients: dict[str, Any], top
     ids = _produce(c, topic, 5, gap_s=0.05)
     earliest = pulsar.MessageId.earliest if side == "pulsar" else txn.MessageId.earliest
     reader = c.create_reader(topic, earliest)
-    got = [reader.read_next(5000) for _ in range(5)]
+    got = [reader.read_next(30000) for _ in range(5)]
     assert [m.data() for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
     reader.seek(_mid(side, ids[1]))
     first = _drain(reader.read_next)
@@ -141,14 +141,14 @@ def test_async_consumer_and_reader_seek(broker: Any, topic: str) -> None:
             ids = [await producer.send(f"m{i}".encode()) for i in range(4)]
             consumer = await client.subscribe(topic, "s", initial_position=txn.InitialPosition.Earliest)
             for _ in range(4):
-                consumer.acknowledge(await consumer.receive(5000))
+                consumer.acknowledge(await consumer.receive(30000))
             await consumer.seek(ids[1])
-            a = [(await consumer.receive(5000)).data() for _ in range(2)]
+            a = [(await consumer.receive(30000)).data() for _ in range(2)]
             reader = await client.create_reader(topic, txn.MessageId.earliest)
             for _ in range(4):
-                await reader.read_next(5000)
+                await reader.read_next(30000)
             await reader.seek(ids[2])
-            b = [(await reader.read_next(5000)).data() for _ in range(1)]
+            b = [(await reader.read_next(30000)).data() for _ in range(1)]
             await consumer.close()
             await reader.close()
             return a, b

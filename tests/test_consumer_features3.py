@@ -228,7 +228,7 @@ def test_is_read_compacted(clients: dict[str, Any], broker: Any, topic: str) -> 
         reader = c.create_reader(t, mod.MessageId.earliest, is_read_compacted=True)
         by_reader = []
         while reader.has_message_available():
-            by_reader.append(reader.read_next(timeout_millis=5000).data().decode())
+            by_reader.append(reader.read_next(timeout_millis=30000).data().decode())
         reader.close()
         errors = (
             _error(lambda: c.subscribe(t, "x", consumer_type=mod.ConsumerType.Shared, is_read_compacted=True)),
@@ -323,8 +323,8 @@ def test_reader_subscription_and_name(clients: dict[str, Any], broker: Any, topi
         _produce(c, t, 1)
         named = c.create_reader(t, earliest, reader_name="my-reader", subscription_role_prefix="role")
         plain = c.create_reader(t, earliest)
-        named.read_next(timeout_millis=5000)
-        plain.read_next(timeout_millis=5000)
+        named.read_next(timeout_millis=30000)
+        plain.read_next(timeout_millis=30000)
         subs = _stats(broker, t)["subscriptions"]
         out = sorted(
             (re.sub(r"[0-9a-f]{10}$", "<hex>", name), [x.get("consumerName", "") != "" for x in s["consumers"]],

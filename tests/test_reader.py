@@ -31,7 +31,7 @@ def _produce(client, topic, n, batching=False):
 def _read_all(reader):
     out = []
     while reader.has_message_available():
-        out.append(reader.read_next(5000).data())
+        out.append(reader.read_next(30000).data())
     return out
 
 
@@ -59,7 +59,7 @@ def test_reader_from_earliest_latest_and_an_id(client, broker, topic):
 def test_reader_inside_a_batch(client, topic):
     _produce(client, topic, 6, batching=True)
     r = client.create_reader(topic, txn.EARLIEST)
-    msgs = [r.read_next(5000) for _ in range(6)]
+    msgs = [r.read_next(30000) for _ in range(6)]
     r.close()
     assert len({m.message_id().entry_key for m in msgs}) == 1  # one batch
     r = client.create_reader(topic, msgs[2].message_id())
@@ -97,12 +97,12 @@ def test_reader_does_not_see_open_or_aborted_transactions(client, topic):
     t = client.new_transaction()
     p.send(b"in-txn", txn=t)
     r = client.create_reader(topic, txn.EARLIEST)
-    assert r.read_next(5000).data() == b"before"
+    assert r.read_next(30000).data() == b"before"
     with pytest.raises(txn.Timeout):
         r.read_next(1000)
     t.abort()
     p.send(b"after")
-    assert r.read_next(5000).data() == b"after"
+    assert r.read_next(30000).data() == b"after"
     r.close()
 
 
@@ -114,7 +114,7 @@ def test_a_start_inside_the_last_batch_knows_what_is_left_without_its_size(clien
     ledger reads of a replay took 10 s more each)."""
     _produce(client, topic, 3, batching=True)
     r = client.create_reader(topic, txn.EARLIEST)
-    ids = [r.read_next(5000).message_id() for _ in range(3)]
+    ids = [r.read_next(30000).message_id() for _ in range(3)]
     r.close()
     assert len({i.entry_key for i in ids}) == 1 and ids[0].batch_size == 3  # one batch of 3
     bare = [txn.MessageId(ledger_id=i.ledger_id(), entry_id=i.entry_id(), batch_index=i.batch_index()) for i in ids]
@@ -129,7 +129,7 @@ def test_a_start_inside_the_last_batch_knows_what_is_left_without_its_size(clien
     single = f"{topic}-one"
     _produce(client, single, 1, batching=True)
     r = client.create_reader(single, txn.EARLIEST)
-    only = r.read_next(5000).message_id()
+    only = r.read_next(30000).message_id()
     r.close()
     assert only.batch_index() == 0  # a batch entry of one message
     r = client.create_reader(single, txn.MessageId(ledger_id=only.ledger_id(), entry_id=only.entry_id(),
@@ -147,7 +147,7 @@ def test_a_reader_resubscribed_inside_a_batch_goes_on_after_the_last_message_rea
     _produce(client, topic, 5, batching=True)
     r = client.create_reader(topic, txn.EARLIEST)
     try:
-        first = [r.read_next(5000) for _ in range(2)]
+        first = [r.read_next(30000) for _ in range(2)]
         assert [m.data() for m in first] == [b"m0", b"m1"] and first[1].message_id().batch_size == 5
         status, _ = admin_request("PUT", broker.admin_url, "/admin/v2/" + topic.replace("://", "/") + "/unload",
                                   timeout=30)
@@ -165,7 +165,7 @@ def test_a_start_before_a_ledgers_first_entry_reads_the_whole_ledger(client, top
     _produce(client, topic, 3, batching=True)
     r = client.create_reader(topic, txn.MessageId(ledger_id=ids[0].ledger_id(), entry_id=entry))
     try:
-        got = [r.read_next(5000).data() for _ in range(7)]
+        got = [r.read_next(30000).data() for _ in range(7)]
         assert got == [f"m{i}".encode() for i in range(4)] + [f"m{i}".encode() for i in range(3)]
         assert r.has_message_available() is False
     finally:
