@@ -314,7 +314,7 @@ def test_partial_batch_acks_commit_and_abort_per_index(client, official, topic):
     cons.close()
 
     # The odd ones are gone for good; every even one (the aborted acks included) comes back.
-    # On the 3-broker cluster, about 1 run in 40, the broker strands the never-acked entries that
+    # On the 3-broker cluster, about 1 run in 25, the broker strands the never-acked entries that
     # the closed consumer held: not in its replay set, read position past them, until a consumer
     # subscribes again (seen in the subscription's stats). That is the broker's dispatch, not the
     # per-index outcome asserted here; a second subscriber then gets them.
