@@ -97,6 +97,7 @@ Index("ix_batches_job_status_totals", batches.c.job, batches.c.status, batches.c
 Index("ix_batches_job_started", batches.c.job, batches.c.started_at_ms, batches.c.batch_id)
 Index("ix_batches_status_started", batches.c.status, batches.c.started_at_ms, batches.c.batch_id)
 Index("ix_batches_started", batches.c.started_at_ms, batches.c.batch_id)  # the unfiltered page
+Index("ix_batches_id", batches.c.batch_id)  # GET /batches/{id} without its ledger topic
 
 transactions = Table(
     "transactions", metadata,
@@ -163,6 +164,7 @@ replays = Table(
     Column("resumes", Integer, nullable=False, default=0),
     UniqueConstraint("ledger_topic", "batch_id", name="uq_replays_batch"),
 )
+Index("ix_replays_batch", replays.c.batch_id)  # the replays of a page of batches, by batch id
 
 #: Bytes of a quarantined message that are kept (its full size is in ``size``).
 QUARANTINE_RAW_BYTES = 64 * 1024
