@@ -114,8 +114,9 @@ transactions = Table(
 )
 Index("ix_txns_id", transactions.c.txn_id)
 Index("ix_txns_state", transactions.c.state)
-Index("ix_txns_started", transactions.c.started_at_ms)
-Index("ix_txns_started_id", transactions.c.started_at_ms, transactions.c.txn_id)  # the unfiltered page
+# The unfiltered page and the start-time filter (it replaces the former ``ix_txns_started
+# (started_at_ms)``, which databases made before keep).
+Index("ix_txns_started_id", transactions.c.started_at_ms, transactions.c.txn_id)
 # Pages filtered by job and/or state, newest first; a job's latest commit latencies (covering);
 # the time series (by end time, and open ones by start time) and the latency histogram (covering).
 Index("ix_txns_job_state_started", transactions.c.job, transactions.c.state, transactions.c.started_at_ms,
