@@ -63,40 +63,29 @@ def _receive_all(consumer: Any, n: int, timeout_ms: int = 30000) -> list[bytes]:
     return out
 
 
-def _topic_contents(service_url: str, topic: str, **client_args: Any) -> list[bytes]:
-    """Every message of ``topic`` on the cluster at ``service_url`` (official reader)."""
+def _audit(service_url: str, topic: str, **client_args: Any) -> tuple[Any, Any]:
+    """A client and a subscription from the earliest that never acks: under Pulsar's default
+    retention (none) the broker deletes a ledger once every subscription acked it (seen in a CI run:
+    the primary trimmed the ledger of the "back" messages just after both consumers acked them, so
+    a reader from the earliest found nothing), so a later check reads through this subscription."""
     client = pulsar.Client(service_url, **client_args)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        out = []
-        while reader.has_message_available():
-            out.append(reader.read_next(10000).data())
-        return out
-    finally:
-        client.close()
+    return client, client.subscribe(topic, f"audit-{uuid.uuid4().hex[:8]}",
+                                    initial_position=pulsar.InitialPosition.Earliest)
 
 
-def _read_until(service_url: str, topic: str, wanted: set[bytes], timeout_ms: int = 40000,
-                attempts: int = 3) -> list[bytes]:
-    """Messages of ``topic`` from the earliest until all of ``wanted`` were read (a restarted
-    standalone may answer "nothing available" while it recovers the topic, so no
-    ``has_message_available``). A reader that gets nothing for ``timeout_ms`` is replaced by a
-    new one (seen once on a loaded machine: a reader created just after the restarted standalone
-    reloaded the topic got nothing in 60 s), up to ``attempts`` readers."""
-    for attempt in range(attempts):
-        client = pulsar.Client(service_url)
-        try:
-            reader = client.create_reader(topic, pulsar.MessageId.earliest)
-            out: list[bytes] = []
-            while not wanted <= set(out):
-                out.append(reader.read_next(timeout_ms).data())
-            return out
-        except pulsar.Timeout:
-            if attempt == attempts - 1:
-                raise
-        finally:
-            client.close()
-    raise AssertionError("unreachable")  # pragma: no cover
+def _receive_until(consumer: Any, wanted: set[bytes], timeout_ms: int = 60000) -> list[bytes]:
+    """Messages from ``consumer`` (not acked) until all of ``wanted`` arrived."""
+    out: list[bytes] = []
+    while not wanted <= set(out):
+        out.append(consumer.receive(timeout_millis=timeout_ms).data())
+    return out
+
+
+def _contents(consumer: Any, n: int, timeout_ms: int = 30000) -> list[bytes]:
+    """The next ``n`` messages of an audit subscription, which must then be drained."""
+    out = [consumer.receive(timeout_millis=timeout_ms).data() for _ in range(n)]
+    assert _drained(consumer), f"more than the {n} messages {out}"
+    return out
 
 
 def _drained(consumer: Any) -> bool:
@@ -215,6 +204,7 @@ def test_provider_callback_switches_cluster(side: str, broker: Broker, second: B
     one: producer and consumer follow; a transaction opened before the switch is refused after."""
     m = CLIENTS[side]
     topic = _topic(f"provider-{side}")
+    audits = [_audit(broker.service_url, topic), _audit(second.service_url, topic)]
     provider = _provider(m, broker.service_url)
     client = m.Client(provider, operation_timeout_seconds=10)
     try:
@@ -231,11 +221,14 @@ def test_provider_callback_switches_cluster(side: str, broker: Broker, second: B
             _send(producer, f"second-{i}".encode())
         assert _receive_all(consumer, 3) == [b"second-0", b"second-1", b"second-2"]
         assert _drained(consumer)
+        # What each cluster holds, read through the subscriptions that never ack.
+        assert _contents(audits[1][1], 3) == [b"second-0", b"second-1", b"second-2"]
+        assert _contents(audits[0][1], 3) == [b"shared-0", b"shared-1", b"shared-2"]
     finally:
         client.close()
+        for c, _ in audits:
+            c.close()
     assert provider.closed == 1
-    assert _topic_contents(second.service_url, topic) == [b"second-0", b"second-1", b"second-2"]
-    assert _topic_contents(broker.service_url, topic) == [b"shared-0", b"shared-1", b"shared-2"]
 
 
 @pytest.mark.parametrize("side", CLIENTS)
@@ -245,6 +238,9 @@ def test_switch_uses_the_service_infos_credentials_and_trust(side: str, broker: 
     m = CLIENTS[side]
     topic = _topic(f"provider-auth-{side}")
     assert authz_broker.service_url_tls and authz_broker.token and authz_broker.ca_cert
+    audits = [_audit(broker.service_url, topic),
+              _audit(authz_broker.service_url_tls, topic, tls_trust_certs_file_path=authz_broker.ca_cert,
+                     authentication=pulsar.AuthenticationToken(authz_broker.token))]
     provider = _provider(m, broker.service_url)
     client = m.Client(provider, operation_timeout_seconds=10)
     try:
@@ -257,16 +253,18 @@ def test_switch_uses_the_service_infos_credentials_and_trust(side: str, broker: 
         assert client.get_service_info().tls_trust_certs_file_path == authz_broker.ca_cert
         assert client.get_service_info().use_tls
         _send(producer, b"secured")
+        assert _contents(audits[0][1], 1) == [b"plain"]
+        assert _contents(audits[1][1], 1) == [b"secured"]
     finally:
         client.close()
-    assert _topic_contents(broker.service_url, topic) == [b"plain"]
-    assert _topic_contents(authz_broker.service_url_tls, topic, tls_trust_certs_file_path=authz_broker.ca_cert,
-                           authentication=pulsar.AuthenticationToken(authz_broker.token)) == [b"secured"]
+        for c, _ in audits:
+            c.close()
 
 
 def test_transaction_open_during_a_switch_fails_typed(broker: Broker, second: Broker) -> None:
     """Ours only: a transaction cannot follow the client to another cluster."""
     topic = _topic("provider-txn")
+    audits = [_audit(broker.service_url, topic), _audit(second.service_url, topic)]
     provider = _provider(txn, broker.service_url)
     client = txn.Client(provider, operation_timeout_seconds=10)
     try:
@@ -289,10 +287,12 @@ def test_transaction_open_during_a_switch_fails_typed(broker: Broker, second: Br
         _send(producer, b"second-cluster")
         producer.send(b"in-new-txn", txn=t2)
         t2.commit()
+        assert _contents(audits[1][1], 2) == [b"second-cluster", b"in-new-txn"]
+        assert _contents(audits[0][1], 0) == []
     finally:
         client.close()
-    assert _topic_contents(second.service_url, topic) == [b"second-cluster", b"in-new-txn"]
-    assert _topic_contents(broker.service_url, topic) == []
+        for c, _ in audits:
+            c.close()
 
 
 def test_auto_failover_when_the_primary_stops(broker: Broker, second: Broker) -> None:
@@ -300,6 +300,9 @@ def test_auto_failover_when_the_primary_stops(broker: Broker, second: Broker) ->
     broker stops, both switch to the shared one and their sends land there, received in order; it
     starts again and both switch back to it."""
     topic = _topic("auto-failover")
+    audit_clients = []
+    shared_audit_client, shared_audit = _audit(broker.service_url, topic)
+    audit_clients.append(shared_audit_client)
     clients, producers, consumers = {}, {}, {}
     for side, m in CLIENTS.items():
         config = m.AutoClusterFailover(m.ServiceInfo(second.service_url), [m.ServiceInfo(broker.service_url)],
@@ -333,6 +336,8 @@ def test_auto_failover_when_the_primary_stops(broker: Broker, second: Broker) ->
         # The primary comes back: both clients switch back (switch_back_threshold=1) and send there.
         second.local.start(timeout=240)
         print(f"primary restarted at {time.monotonic() - t0:.1f}s")
+        primary_audit_client, primary_audit = _audit(second.service_url, topic)
+        audit_clients.append(primary_audit_client)
         for side in CLIENTS:
             _wait(lambda s=side: clients[s].get_service_info().service_url == second.service_url, 60,
                   f"the {side} client's switch back to the primary")
@@ -350,12 +355,15 @@ def test_auto_failover_when_the_primary_stops(broker: Broker, second: Broker) ->
             print(f"{side}: switched back and received at {time.monotonic() - t0:.1f}s")
             assert sorted(g for g in got if g.startswith(b"back-")) == [b"back-official", b"back-ours"]
             assert set(got) - {b"back-official", b"back-ours"} <= {b"before-official", b"before-ours"}
+        # What each cluster holds, read through the subscriptions that never ack.
+        on_shared = _receive_until(shared_audit, set(expected))
+        assert sorted(on_shared) == expected
+        assert _drained(shared_audit)
+        # The standalone stopped at once may have lost its last entries (the "before" ones): only
+        # the messages sent after the switch back are certain to be there.
+        on_primary = _receive_until(primary_audit, {b"back-official", b"back-ours"})
+        assert sorted(g for g in on_primary if g.startswith(b"back-")) == [b"back-official", b"back-ours"]
+        assert set(on_primary) - {b"back-official", b"back-ours"} <= {b"before-official", b"before-ours"}
     finally:
-        for c in clients.values():
+        for c in [*clients.values(), *audit_clients]:
             c.close()
-    assert sorted(_topic_contents(broker.service_url, topic)) == expected
-    # The standalone stopped at once may have lost its last entries (the "before" ones): only the
-    # messages sent after the switch back are certain to be there.
-    on_primary = _read_until(second.service_url, topic, {b"back-official", b"back-ours"})
-    assert sorted(g for g in on_primary if g.startswith(b"back-")) == [b"back-official", b"back-ours"]
-    assert set(on_primary) - {b"back-official", b"back-ours"} <= {b"before-official", b"before-ours"}
