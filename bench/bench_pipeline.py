@@ -77,6 +77,10 @@ from official import count_topic, official_client  # noqa: E402
 
 T0 = time.monotonic()
 NS = "persistent://public/default"
+# Every pipeline's clock starts when its consumer has the broker's first message, not at its
+# subscription: a Failover subscription's first dispatch waits for the broker's
+# ``activeConsumerFailoverDelayTimeMillis`` (1 s by default), the same fixed second in every
+# pipeline, which would pull every ratio towards 1.
 
 
 def progress(msg: str) -> None:
@@ -92,6 +96,22 @@ def cpu_seconds() -> float:
     """user+sys CPU seconds of this process, all threads (the official client's C++ threads too)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+#: The broker's JVM (the one this script started, or ``--broker-pid``): its CPU is measured too.
+BROKER_PID: int | None = None
+
+
+def broker_cpu_seconds() -> float:
+    """user+sys CPU seconds of the broker's process (NaN if unknown): on this machine the broker
+    shares the 2 cores with the pipeline, so its work per message bounds the pipeline too."""
+    if BROKER_PID is None:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{BROKER_PID}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def median(xs: list[float]) -> float:
@@ -166,7 +186,7 @@ def prefill(url: str, admin: str, topic: str, n: int, size: int) -> float:
 
 
 def official_alo(url: str, in_topic: str, n: int, receiver_queue: int, flush_every: int,
-                 consumer_type: str) -> tuple[float, float]:
+                 consumer_type: str) -> tuple[float, float, float]:
     """At-least-once with pulsar-client: receive → send_async → ack in the send callback."""
     client = official_client(url)
     try:
@@ -186,10 +206,11 @@ def official_alo(url: str, in_topic: str, n: int, receiver_queue: int, flush_eve
             return on_sent
 
         receive, send = cons.receive, prod.send_async
-        c0 = cpu_seconds()
+        first = receive()  # the clock starts with the broker's first delivery (see above T0)
+        c0, b0 = cpu_seconds(), broker_cpu_seconds()
         t0 = time.perf_counter()
         for i in range(n):
-            m = receive()
+            m = first if i == 0 else receive()
             send(m.data(), make_cb(m))
             if flush_every and (i + 1) % flush_every == 0:
                 prod.flush()
@@ -197,22 +218,22 @@ def official_alo(url: str, in_topic: str, n: int, receiver_queue: int, flush_eve
         if not cb.done.wait(60):
             raise RuntimeError(f"official pipeline: only {cb.ok} of {n} outputs confirmed")
         dt = time.perf_counter() - t0
-        cpu = cpu_seconds() - c0
+        cpu, bcpu = cpu_seconds() - c0, broker_cpu_seconds() - b0
         if cb.failed:
             raise RuntimeError(f"official pipeline: {cb.failed} sends failed ({cb.first_error})")
         prod.close()
         cons.close()
-        return dt, cpu
+        return dt, cpu, bcpu
     finally:
         client.close()
 
 
-def txn_alo(url: str, in_topic: str, n: int, receiver_queue: int) -> tuple[float, float]:
+def txn_alo(url: str, in_topic: str, n: int, receiver_queue: int) -> tuple[float, float, float]:
     """At-least-once with txn's own client, no transactions: receive → send_async → acknowledge
     once the output's receipt came. The same client and transform as the processor, without its
     transactions, ledger and guard: what exactly-once costs on top of the plain pipeline."""
 
-    async def main() -> tuple[float, float]:
+    async def main() -> tuple[float, float, float]:
         async with txn.AsyncClient(url) as client:
             cons = await client.subscribe(in_topic, f"talo-{uuid.uuid4().hex[:8]}",
                                           consumer_type=txn.ConsumerType.Failover,
@@ -234,21 +255,22 @@ def txn_alo(url: str, in_topic: str, n: int, receiver_queue: int) -> tuple[float
                 if acked == n and not all_done.done():
                     all_done.set_result(None)
 
-            c0 = cpu_seconds()
+            first = await cons.receive()  # the clock starts with the broker's first delivery
+            c0, b0 = cpu_seconds(), broker_cpu_seconds()
             t0 = time.perf_counter()
-            for _ in range(n):
-                m = await cons.receive()
+            for i in range(n):
+                m = first if i == 0 else await cons.receive()
                 f = await prod.send_async(handler(m))
                 f.add_done_callback(lambda f, m=m: on_receipt(m, f))
             prod.flush_now()
             await asyncio.wait_for(all_done, 60)
             done = acked
             dt = time.perf_counter() - t0
-            cpu = cpu_seconds() - c0
+            cpu, bcpu = cpu_seconds() - c0, broker_cpu_seconds() - b0
             assert done == n
             await prod.close()
             await cons.close()
-            return dt, cpu
+            return dt, cpu, bcpu
 
     return asyncio.run(main())
 
@@ -258,6 +280,7 @@ class EOResult:
     seconds: float
     cpu: float
     slot_wait: float  # seconds the loop waited for a free commit slot (max_inflight_commits)
+    broker_cpu: float  # the broker's CPU seconds over the timed part
     batches: int
     aborts: int
     avg_commit_ms: float
@@ -306,7 +329,10 @@ def exactly_once(url: str, in_topic: str, n: int, settings: dict, exact: bool = 
             # Bench-only instrumentation: time spent waiting for a commit slot.
             slots = proc.commit_slots = _TimedSemaphore(max(1, cfg.max_inflight_commits))
             await proc.start()
-            c0 = cpu_seconds()
+            assert proc.consumer is not None
+            while not len(proc.consumer.receive_queue):  # the clock starts with the broker's first delivery
+                await asyncio.sleep(0.001)
+            c0, b0 = cpu_seconds(), broker_cpu_seconds()
             t0 = time.perf_counter()
             task = asyncio.get_running_loop().create_task(proc.run())
             st = proc.stats
@@ -319,12 +345,13 @@ def exactly_once(url: str, in_topic: str, n: int, settings: dict, exact: bool = 
                     raise RuntimeError(f"processor too slow: {st.outputs} of {n} outputs after 300 s")
                 await asyncio.sleep(0.002)
             dt = time.perf_counter() - t0
-            cpu = cpu_seconds() - c0
+            cpu, bcpu = cpu_seconds() - c0, broker_cpu_seconds() - b0
             await _stop(proc, task)
             await proc.close()
             if exact and st.outputs != n:
                 raise RuntimeError(f"processor committed {st.outputs} outputs, expected {n}")
-            return EOResult(dt, cpu, slots.waited, st.batches, st.aborts, st.commit_ms_total / max(st.batches, 1), out)
+            return EOResult(dt, cpu, slots.waited, bcpu, st.batches, st.aborts,
+                            st.commit_ms_total / max(st.batches, 1), out)
 
     return asyncio.run(go())
 
@@ -482,6 +509,7 @@ LABELS = {
 class Series:
     mps: list[float] = field(default_factory=list)
     cpu_us: list[float] = field(default_factory=list)  # client CPU microseconds per message
+    broker_us: list[float] = field(default_factory=list)  # the broker's CPU microseconds per message
     eo: list[EOResult] = field(default_factory=list)
 
 
@@ -493,17 +521,17 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
     progress(f"throughput: pre-filled in {dt:.1f} s; every run: new subscription at Earliest, new output topic")
     settings = {k: eo_settings(args, k) for k in ("100ms", "1000msg")}
 
-    def run_one(kind: str, count: int, exact: bool = True, settings_: dict | None = None) -> tuple[float, float,
-                                                                                               EOResult | None]:
+    def run_one(kind: str, count: int, exact: bool = True,
+                settings_: dict | None = None) -> tuple[float, float, float, EOResult | None]:
         if kind == "official":
-            secs, cpu = official_alo(url, topic, count, args.official_receiver_queue_size,
-                                     args.official_flush_every, args.consumer_type)
-            return secs, cpu, None
+            secs, cpu, bcpu = official_alo(url, topic, count, args.official_receiver_queue_size,
+                                           args.official_flush_every, args.consumer_type)
+            return secs, cpu, bcpu, None
         if kind == "txn-alo":
-            secs, cpu = txn_alo(url, topic, count, settings["100ms"]["receiver_queue_size"])
-            return secs, cpu, None
+            secs, cpu, bcpu = txn_alo(url, topic, count, settings["100ms"]["receiver_queue_size"])
+            return secs, cpu, bcpu, None
         r = exactly_once(url, topic, count, settings_ or settings[kind], exact=exact)
-        return r.seconds, r.cpu, r
+        return r.seconds, r.cpu, r.broker_cpu, r
 
     progress(f"throughput: warm-up, {max(n // 10, 1):,} messages through each pipeline")
     for kind in LABELS:
@@ -514,10 +542,11 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
     order = list(LABELS)
     for run in range(args.runs):
         for kind in order[run % len(order):] + order[:run % len(order)]:  # rotate: spread drift and noise
-            secs, cpu, r = run_one(kind, n)
+            secs, cpu, bcpu, r = run_one(kind, n)
             s = series[kind]
             s.mps.append(n / secs)
             s.cpu_us.append(cpu / n * 1e6)
+            s.broker_us.append(bcpu / n * 1e6)
             extra = ""
             if r is not None:
                 s.eo.append(r)
@@ -530,14 +559,14 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
                     if got != n:
                         progress(f"throughput: WARNING {r.output_topic} holds {got} messages, expected {n}")
             progress(f"throughput run {run + 1}/{args.runs} {kind:8s}: {n / secs:9,.0f} msg/s ({secs:.2f} s, "
-                     f"client CPU {cpu / n * 1e6:.0f} us/msg){extra}")
+                     f"client CPU {cpu / n * 1e6:.0f} us/msg, broker CPU {bcpu / n * 1e6:.0f} us/msg){extra}")
 
     sweep_vals = [int(x) for x in args.inflight_sweep.split(",") if x.strip()]
     sweep: dict[str, dict[int, tuple[float, float]]] = {}  # kind -> k -> (msg/s, % of time waiting for a slot)
     for kind in ("100ms", "1000msg") if sweep_vals else ():
         sweep[kind] = {}
         for k in sweep_vals:
-            secs, cpu, r = run_one(kind, n, settings_=eo_settings(args, kind, k))
+            secs, _, _, r = run_one(kind, n, settings_=eo_settings(args, kind, k))
             assert r is not None
             sweep[kind][k] = (n / secs, 100 * r.slot_wait / secs)
             progress(f"throughput: max_inflight_commits={k} {kind:8s}: {n / secs:9,.0f} msg/s "
@@ -549,16 +578,18 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
     out = ["", f"## Pipeline throughput (median of {args.runs} runs, {n:,} x {args.size} B messages, "
                f"{args.consumer_type} subscriptions)", "",
            "| pipeline | msg/s | ratio vs official at-least-once | ratio vs txn at-least-once | "
-           "client CPU (us/msg) |",
-           "|---|---:|---:|---:|---:|"]
+           "client CPU (us/msg) | broker CPU (us/msg) | client + broker CPU (us/msg) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     same = median(series["txn-alo"].mps)
     for kind, label in LABELS.items():
-        v, c = median(series[kind].mps), median(series[kind].cpu_us)
-        out.append(f"| {label} | {fmt(v)} | {v / ref:.2f}x | {v / same:.2f}x | {c:.0f} ({c / ref_cpu:.1f}x) |")
+        v, c, b = median(series[kind].mps), median(series[kind].cpu_us), median(series[kind].broker_us)
+        out.append(f"| {label} | {fmt(v)} | {v / ref:.2f}x | {v / same:.2f}x | {c:.0f} ({c / ref_cpu:.1f}x) | "
+                   f"{fmt(b)} | {fmt(c + b)} |")
     out += ["", "Per-run values (msg/s; client CPU us/msg):", ""]
     for kind, label in LABELS.items():
         s = series[kind]
-        out.append(f"- {label}: [{', '.join(fmt(v) for v in s.mps)}]; CPU [{', '.join(fmt(v) for v in s.cpu_us)}]")
+        out.append(f"- {label}: [{', '.join(fmt(v) for v in s.mps)}]; CPU [{', '.join(fmt(v) for v in s.cpu_us)}]; "
+                   f"broker CPU [{', '.join(fmt(v) for v in s.broker_us)}]")
     for kind in ("100ms", "1000msg"):
         ds = series[kind].eo
         if ds:
@@ -573,7 +604,9 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
                 "producer batching defaults, block_if_queue_full, "
                 + (f"flush() every {args.official_flush_every} msgs" if args.official_flush_every
                    else "flush() once at the end (the 10 ms batch timer sends meanwhile)")
-                + ". Client CPU = user+sys of the benchmark process over the timed part (all threads, "
+                + ". Each clock starts at the pipeline's first delivered input (a Failover subscription's first "
+                  "dispatch waits the broker's activeConsumerFailoverDelayTimeMillis, 1 s). "
+                  "Client CPU = user+sys of the benchmark process over the timed part (all threads, "
                   "including the official client's C++ threads)."]
     if sweep:
         out += ["", "### max_inflight_commits (one run each: msg/s, and % of the time the loop waited for a "
@@ -642,6 +675,8 @@ def main() -> int:
     ap.add_argument("--no-ledger-guard", action="store_true", help="processor without its ledger guard (to measure it)")
     ap.add_argument("--service-url", help="use this broker instead of starting one")
     ap.add_argument("--admin-url", help="admin URL of --service-url's broker")
+    ap.add_argument("--broker-pid", type=int,
+                    help="pid of --service-url's broker on this machine (its CPU is measured)")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rss-input", help=argparse.SUPPRESS)
     ap.add_argument("--rss-expect", type=int, default=0, help=argparse.SUPPRESS)
@@ -664,6 +699,8 @@ def main() -> int:
             broker.start()
             url, admin = broker.service_url, broker.admin_url
         own_pid = broker.pid if broker is not None else None
+        global BROKER_PID
+        BROKER_PID = own_pid if own_pid is not None else args.broker_pid
         progress(f"broker: {url} (admin {admin}); {machine_load(own_pid)}")
         lines: list[str] = []
         if "throughput" in parts:

@@ -431,3 +431,22 @@ class ReceivedMessage(Message):
             ledger, entry, partition, size = self.entry
             mid = self._id = MessageId(partition, ledger, entry, self.batch_index, batch_size=size, topic=self._topic)
         return mid
+
+
+def position(m: Message) -> tuple[str, int, int, int, int]:
+    """``(topic, ledger, entry, partition, batch index)``: where ``m`` is stored, as a cheap
+    hashable key (a received message's without building its :class:`MessageId`)."""
+    if isinstance(m, ReceivedMessage):
+        e = m.entry
+        return (m.topic_name(), e[0], e[1], e[2], m.batch_index)
+    mid = m.message_id()
+    return (m.topic_name(), mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index())
+
+
+def id_text(m: Message) -> str:
+    """``str(m.message_id())``, the form ledger records list inputs in (without building the id
+    of a received message)."""
+    if isinstance(m, ReceivedMessage):
+        e = m.entry
+        return f"({e[0]},{e[1]},{e[2]},{m.batch_index})"
+    return str(m.message_id())

@@ -12,9 +12,8 @@ that was received to find that out is held for the next batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from ..message import Message, ReceivedMessage
+from ..message import Message, ReceivedMessage, position
 
 EntryKey = tuple[str, int, int]
 
@@ -49,7 +48,7 @@ class EntryBoundaries:
         """Forget the held message (its consumer's inputs were handed back: it comes again)."""
         self._held = None
 
-    def complete(self, batch: list[Message], seen: set[tuple[str, Any]],
+    def complete(self, batch: list[Message], seen: set[tuple[str, int, int, int, int]],
                  receive_nowait: Callable[[], Message | None], subscriptions_made: int) -> None:
         """Extend a closed ``batch`` with the queued rest of its last entry; hold the first message
         of another entry for the next batch. ``seen`` holds the batch's (topic, message id) keys."""
@@ -60,7 +59,7 @@ class EntryBoundaries:
             m = receive_nowait()
             if m is None:
                 return  # the rest of the entry was acknowledged before (entries arrive whole)
-            key = (m.topic_name(), m.message_id())
+            key = position(m)
             if key in seen:
                 continue
             nxt = entry_of(m)

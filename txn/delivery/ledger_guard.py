@@ -44,7 +44,7 @@ from itertools import groupby
 from operator import itemgetter
 
 from ..errors import CorruptMessage, PulsarError
-from ..message import EARLIEST, MESSAGE_ID_PATTERN, Message, MessageId, TxnID
+from ..message import EARLIEST, MESSAGE_ID_PATTERN, Message, MessageId, TxnID, position
 from .commit_audit import CommitAudit, parse_output_starts
 from .guard_checkpoint import Entry, Rung, choose, load_ladder, thin
 from .ledger import COMMITTING_KINDS as _COMMITTING
@@ -138,13 +138,13 @@ class CommittedInputs:
 
     def contains(self, m: Message) -> bool:
         """True if ``m``'s id is known to be committed."""
-        mid = m.message_id()
-        got = self._entries.get((m.topic_name(), mid.ledger_id(), mid.entry_id()), False)
+        topic, ledger, entry, _, index = position(m)
+        got = self._entries.get((topic, ledger, entry), False)
         if got is False:
             return False
         if got is _ALL:
             return True
-        return mid.batch_index() in got
+        return index in got
 
 
 class LedgerGuard:

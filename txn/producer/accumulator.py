@@ -35,11 +35,13 @@ class _Op:
 
 
 class _Batch:
-    __slots__ = ("entries", "futures", "size", "txn", "first_seq", "last_seq", "key")
+    __slots__ = ("entries", "futures", "size", "txn", "first_seq", "last_seq", "key", "shared")
 
     def __init__(self, txn: TxnID, first_seq: int, key: bytes | None = None) -> None:
         self.entries: list[bytes] = []
+        #: one future per message; the quiet ones (:meth:`Accumulator.enqueue_quiet`) share ``shared``
         self.futures: list[asyncio.Future[MessageId]] = []
+        self.shared: asyncio.Future[MessageId] | None = None
         self.size = 0
         self.txn = txn
         self.first_seq = first_seq
@@ -192,6 +194,61 @@ class Accumulator:
             # the official key-based container's key: the ordering key, else the partition key
             key = ordering_key if ordering_key is not None else (
                 None if partition_key is None else partition_key.encode())
+        self._add_to_batch(entry, fut, seq, txn, key, loop)
+        return fut
+
+    def enqueue_quiet(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None,
+        partition_key: str | None,
+        txn: TxnID,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message without a future of its own: it shares one with the other quiet
+        messages of its batch, resolved with the id of the first of them (or failed) when the
+        batch's receipt comes. Saves a future and a :class:`MessageId` per message where only the
+        batch's outcome matters. A message that cannot join a batch (batching off or key-based,
+        encryption, over the broker's limit) is queued by :meth:`enqueue`, with its own future."""
+        conf = self.conf
+        if (not conf.batching_enabled or conf.batching_type == BatchingType.KeyBased or conf.encryptor is not None
+                or len(content) > self.max_message_size):
+            return self.enqueue(content, properties, partition_key, None, None, txn)
+        self.check_usable()
+        seq = self._seq
+        self._seq += 1
+        self.queued += 1
+        smm = pb.SingleMessageMetadata(payload_size=len(content), sequence_id=seq, properties=_kv(properties))
+        if partition_key is not None:
+            smm.partition_key = partition_key
+        if content is NULL_PAYLOAD:
+            smm.null_value = True
+        entry = encode_entry(smm, content)
+        b = self._batch
+        if (b is not None and b.shared is not None and (b.txn is txn or b.txn == txn)
+                and len(b.entries) < conf.batching_max_messages
+                and b.size + len(entry) <= conf.batching_max_allowed_size_in_bytes):
+            # the common case, inline: the open batch already holds quiet messages of this transaction
+            fut = b.shared
+            b.entries.append(entry)
+            b.futures.append(fut)
+            b.size += len(entry)
+            b.last_seq = seq
+        else:
+            loop = asyncio.get_running_loop()
+            b = self._add_to_batch(entry, None, seq, txn, None, loop, flush_full=False)
+            if b.shared is None:
+                b.shared = loop.create_future()
+            fut = b.futures[-1] = b.shared
+        if len(b.entries) >= conf.batching_max_messages or b.size >= conf.batching_max_allowed_size_in_bytes:
+            self._flush_batch()
+        return fut
+
+    def _add_to_batch(self, entry: bytes, fut: asyncio.Future[MessageId] | None, seq: int, txn: TxnID,
+                      key: bytes | None, loop: asyncio.AbstractEventLoop, flush_full: bool = True) -> _Batch:
+        """Add an encoded message to the open batch, first sending that batch if the message cannot
+        join it (another transaction or key, full); the batch it joined, sent already if that
+        filled it (``flush_full``)."""
+        conf = self.conf
         b = self._batch
         if b is not None and (
             b.txn != txn
@@ -205,12 +262,13 @@ class Accumulator:
             b = self._batch = _Batch(txn, seq, key)
             self._batch_timer = loop.call_later(conf.batching_max_publish_delay_ms / 1000.0, self._flush_batch)
         b.entries.append(entry)
-        b.futures.append(fut)
+        b.futures.append(fut)  # type: ignore[arg-type]  # None: the quiet caller puts the shared future there
         b.size += len(entry)
         b.last_seq = seq
-        if len(b.entries) >= conf.batching_max_messages or b.size >= conf.batching_max_allowed_size_in_bytes:
+        if flush_full and (len(b.entries) >= conf.batching_max_messages
+                           or b.size >= conf.batching_max_allowed_size_in_bytes):
             self._flush_batch()
-        return fut
+        return b
 
     def enqueue_batch(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +187,50 @@ class AsyncProducer:
         if callback is not None:
             fut.add_done_callback(lambda f: run_callback(callback, f))
         return fut
+
+    async def send_many(
+        self,
+        messages: Iterable[tuple[bytes | None, dict[str, str] | None, str | None]],
+        txn: AsyncTransaction | None = None,
+        *,
+        encoded: bool = False,
+    ) -> list[asyncio.Future[MessageId]]:
+        """Queue ``(content, properties, partition_key)`` messages, each as :meth:`send_async`
+        would (same checks, routing, batching, pending window), without a future per message.
+
+        Returns the distinct futures of the batches they went into, in order: each resolves with
+        the id of the batch's first message of this call once the batch's receipt comes, or fails
+        with the batch. Awaiting all of them awaits every message's receipt. Use it where only
+        the outcome of the whole lot matters (a transaction's outputs): it saves a future and a
+        :class:`MessageId` per message. A message that cannot be batched (batching off or
+        key-based, encryption, over the broker's size limit) gets a future of its own in the list.
+        Raises before queueing the message at fault; the ones before it are queued.
+        """
+        out: dict[int, asyncio.Future[MessageId]] = {}
+        registered: set[PartitionProducer] = set()  # partitions known to be in the transaction
+        single = self._parts[0] if len(self._parts) == 1 and self.conf.message_router is None else None
+        tid = _NO_TXN
+        if txn is not None:
+            txn.check_open()
+            tid = txn.id
+        for content, properties, partition_key in messages:
+            if properties is not None or partition_key is not None:
+                check_send(properties, partition_key, None, None, None)
+            data = self.check_content(content, encoded)
+            part = single or self._route(partition_key, self._custom_route(data, properties, partition_key, None,
+                                                                           None))
+            if part not in registered:
+                if txn is not None and not txn.partition_registered(part.topic):
+                    tid = await self._admit(part, txn)  # awaits: the transaction is checked again there
+                registered.add(part)
+            if not part.has_space():
+                tid = await self._admit(part, txn)
+            fut = part.enqueue_quiet(data, properties, partition_key, tid)
+            if id(fut) not in out:
+                out[id(fut)] = fut
+                if txn is not None:
+                    txn.add_op(fut)
+        return list(out.values())
 
     async def _admit(self, part: PartitionProducer, txn: AsyncTransaction | None) -> TxnID:
         """Register ``part`` in ``txn`` (once) and wait for room in its pending window; the txn id to send."""

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from ...client import AsyncClient
 from ...consumer import AsyncConsumer
 from ...errors import CorruptMessage, Timeout
-from ...message import Message
+from ...message import Message, position
 from ...transaction import AsyncTransaction
 from ..batch_ids import processor_batch_id
 from ..batch_txn import BatchScope
@@ -141,7 +141,7 @@ class BatchLoop:
             # Open the next batch's transaction while its messages arrive.
             self._next_txn = asyncio.get_running_loop().create_task(self.batches.new_transaction())
         batch: list[Message] = []
-        ids: set[tuple[str, Any]] = set()
+        ids: set[tuple[str, int, int, int, int]] = set()
         deadline = time.monotonic() + c.batch_max_delay_ms / 1000.0
         held = self._entries.take(consumer.subscriptions_made) if self._entries is not None else None
         over, self._held_over = self._held_over, None
@@ -158,7 +158,7 @@ class BatchLoop:
                 m = await self._receive_or_stop(max(1, int(left * 1000)))
                 if m is None:
                     break
-            key = (m.topic_name(), m.message_id())
+            key = position(m)
             if key in ids:
                 # Redelivered while its first copy is still here (after a reconnect or an abort).
                 # A transaction that acknowledged one message twice would commit its output twice.

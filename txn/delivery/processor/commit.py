@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...backoff import Backoff
@@ -322,27 +322,40 @@ class CommitPipeline:
 
     async def _produce(self, outputs: list[tuple[Message, list[Output]]], t: AsyncTransaction,
                        first: dict[str, Any] | None = None) -> dict[str, int]:
-        """Send the outputs in ``t``; the count per topic. ``first`` gets each partition's first output id."""
-        counts: dict[str, int] = {}
-        futs: list[tuple[Message, asyncio.Future[Any]]] = []
-        for m, outs in outputs:
-            for o in outs:
-                topic = o.topic or self.output
-                try:
-                    p = await self._producer(topic)
-                    f = await p.send_async(o.content, properties=o.properties, partition_key=o.partition_key, txn=t,
-                                           encoded=True)
-                except _PERMANENT_SEND_ERRORS as exc:
-                    raise BatchFailed(exc, m) from exc
-                futs.append((m, f))
-                counts[topic] = counts.get(topic, 0) + 1
+        """Send the outputs in ``t``; the count per topic. ``first`` gets each partition's first output id.
+
+        Each topic's outputs go in input order through one :meth:`~txn.AsyncProducer.send_many`
+        (a future per batch, not one per message)."""
+        default = self.output
+        topics = list(dict.fromkeys(o.topic or default for _, outs in outputs for o in outs))  # in order
+        counts = dict.fromkeys(topics, 0)
+        current: list[Message | None] = [None]  # the input whose outputs are being queued
+
+        def of(topic: str) -> Iterator[tuple[Any, dict[str, str] | None, str | None]]:
+            n = 0
+            every = len(topics) == 1
+            for m, outs in outputs:
+                current[0] = m
+                for o in outs:
+                    if every or (o.topic or default) == topic:
+                        n += 1
+                        yield o.content, o.properties, o.partition_key
+            counts[topic] = n
+
+        sent: list[asyncio.Future[Any]] = []
+        for topic in topics:
+            try:
+                p = await self._producer(topic)
+                sent += await p.send_many(of(topic), t, encoded=True)
+            except _PERMANENT_SEND_ERRORS as exc:
+                raise BatchFailed(exc, current[0]) from exc
         for p in self._producers.values():
             p.flush_now()
-        for m, f in futs:
+        for f in sent:
             try:
                 mid = await f
-            except _PERMANENT_SEND_ERRORS as exc:
-                raise BatchFailed(exc, m) from exc
+            except _PERMANENT_SEND_ERRORS as exc:  # the broker refused a batch of outputs
+                raise BatchFailed(exc, None) from exc
             if first is not None and getattr(mid, "topic", ""):
                 prev = first.get(mid.topic)
                 if prev is None or mid < prev:

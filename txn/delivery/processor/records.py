@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ...message import Message
+from ...message import Message, id_text
 from ...producer import AsyncProducer
 from ..ledger import RecordConfig
 from .config import ProcessorConfig
@@ -40,5 +40,5 @@ def _ids(msgs: list[Message]) -> dict[str, list[str]]:
     """Message ids per topic/partition, as ledger records list them."""
     out: dict[str, list[str]] = {}
     for m in msgs:
-        out.setdefault(m.topic_name(), []).append(str(m.message_id()))
+        out.setdefault(m.topic_name(), []).append(id_text(m))
     return out
