@@ -162,6 +162,8 @@ def test_ack_timeout_redelivers_every_chunk(clients: tuple[Any, txn.Client], top
 def test_zero_queue_consumer_and_reader(clients: tuple[Any, txn.Client], topic: str) -> None:
     theirs, ours = clients
     c = ours.subscribe(topic, "s", initial_position=txn.InitialPosition.Earliest, receiver_queue_size=0)
+    # Never acks: the readers re-read what "s" acked, which retention none may delete.
+    theirs.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=0)
     p = theirs.create_producer(topic, chunking_enabled=True, batching_enabled=False)
     sent = [os.urandom(6 * MB), b"x", os.urandom(11 * MB)]
     for x in sent:

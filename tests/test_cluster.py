@@ -190,6 +190,14 @@ async def _failover_once(cluster, tag: str, n_committing: int = 3, n_late_commit
     n_before = 2
     n = n_before + n_committing + n_late_commit + n_abort
     topics = [f"persistent://public/default/fo-{tag}-{i}" for i in range(n)]
+    # Subscriptions that never ack (they outlive their consumers, closed here so nothing reconnects across the kill):
+    # the kill closes the victim's ledgers, and retention none deletes closed ledgers of topics without one.
+    hold = pulsar.Client(cluster.service_url, operation_timeout_seconds=120, logger=_OFFICIAL_LOG)
+    try:
+        for tp in topics:
+            hold.subscribe(tp, "hold", initial_position=pulsar.InitialPosition.Earliest).close()
+    finally:
+        hold.close()
     outcomes: dict[int, str] = {}
     errors: list[str] = []
     async with txn.AsyncClient(cluster.service_url, operation_timeout_seconds=90) as c:

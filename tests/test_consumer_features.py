@@ -66,6 +66,8 @@ def test_consumer_seek_by_message_id(clients: dict[str, Any], topic: str, side: 
     c = clients[side]
     consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest
                            if side == "pulsar" else txn.InitialPosition.Earliest)
+    # Never acks: the seek back re-reads what "s" acked, which retention none may delete.
+    clients["pulsar"].subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
     ids = _produce(c, topic, 6)
     got = [consumer.receive(5000) for _ in range(6)]
     for m in got:
@@ -97,6 +99,8 @@ def test_consumer_seek_by_publish_time(clients: dict[str, Any], topic: str, side
     c = clients[side]
     pos = pulsar.InitialPosition.Earliest if side == "pulsar" else txn.InitialPosition.Earliest
     consumer = c.subscribe(topic, "s", initial_position=pos)
+    # Never acks: the seek back re-reads what "s" acked, which retention none may delete.
+    clients["pulsar"].subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
     _produce(c, topic, 4, gap_s=0.05)
     got = [consumer.receive(5000) for _ in range(4)]
     for m in got:
@@ -137,6 +141,8 @@ def test_seek_arguments_are_checked_like_the_official_client(clients: dict[str, 
 def test_async_consumer_and_reader_seek(broker: Any, topic: str) -> None:
     async def main() -> tuple[list[bytes], list[bytes]]:
         async with txn.AsyncClient(broker.service_url) as client:
+            # Never acks: the seek and the reader re-read what "s" acked, which retention none may delete.
+            await client.subscribe(topic, "keep", initial_position=txn.InitialPosition.Earliest)
             producer = await client.create_producer(topic, batching_enabled=False)
             ids = [await producer.send(f"m{i}".encode()) for i in range(4)]
             consumer = await client.subscribe(topic, "s", initial_position=txn.InitialPosition.Earliest)

@@ -177,6 +177,8 @@ def test_start_message_id_inclusive(clients: dict[str, Any], topic: str, batched
         earliest = _mod(side).InitialPosition.Earliest
         consumers = {inc: c.subscribe(t, f"s-{inc}", initial_position=earliest, start_message_id_inclusive=inc)
                      for inc in (True, False)}
+        # Never acks: the seeks re-read what both "s-*" acked, which retention none may delete.
+        clients["pulsar"].subscribe(t, "keep", initial_position=pulsar.InitialPosition.Earliest)
         ids = _produce(c, t, 5, batched=batched)
         out = {}
         for inc, consumer in consumers.items():

@@ -250,6 +250,9 @@ def test_consume_hands_over_what_the_official_hands_over(clients: tuple[Any, Any
     """The stored entries, still encrypted and compressed (the batch as one message), with the
     context saying so; readers too."""
     theirs, ours = clients
+    # Never acks: the readers and the second subscription re-read what the first acked (retention none deletes it).
+    theirs.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest,
+                     crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME)
     _send_failing_entries(theirs, topic, keys)
     got = {}
     for name, top, client in (("theirs", pulsar, theirs), ("ours", txn, ours)):

@@ -102,6 +102,8 @@ def test_restart_after_lost_acks_commits_nothing_twice(broker, official, unique_
     if partitions:
         create_partitioned_topic(broker.admin_url, inp, partitions)
     verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+    # Never acks: the rewind re-reads inputs "proc" acked, which the broker (retention none) may delete otherwise.
+    official.subscribe(inp, "keep", initial_position=pulsar.InitialPosition.Earliest)
     _fill(official, inp, batched)
 
     first = asyncio.run(_process(broker, inp, out, ledger, guard=True))
@@ -138,6 +140,8 @@ def test_running_processor_resyncs_after_its_consumer_resubscribes(broker, offic
     """A reset while the processor runs closes its consumer; after resubscribing it checks the ledger again."""
     inp, out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
     verifier = official.subscribe(out, "verify", initial_position=pulsar.InitialPosition.Earliest)
+    # Never acks: the rewind re-reads inputs "proc" acked, which the broker (retention none) may delete otherwise.
+    official.subscribe(inp, "keep", initial_position=pulsar.InitialPosition.Earliest)
     _fill(official, inp, batched=True)
 
     async def main() -> AsyncProcessor:

@@ -243,6 +243,8 @@ def test_a_partitioned_reader_unloaded_half_way_resumes_each_partition(broker, u
     topic = _topic(broker, unique_name, 3)
     client = txn.Client(broker.service_url)
     try:
+        # Never acks: the unload closes the ledgers, and retention none deletes closed ledgers of topics without one.
+        client.subscribe(topic, "hold", initial_position=txn.InitialPosition.Earliest)
         producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=50)
         sent = [b"m%02d" % i for i in range(30)]
         for data in sent:

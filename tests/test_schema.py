@@ -200,6 +200,8 @@ def _admin_versions(broker, topic: str) -> int:
 
 def test_two_compatible_json_versions_decode_with_ours(client, official, topic, broker):
     v1, v2 = _v(ts, False), _v(ts, True)
+    # Never acks (no schema: registers none): "o" re-reads what "s" acked, which retention none may delete.
+    official.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
     p1 = client.create_producer(topic, schema=ts.JsonSchema(v1))
     p1.send(v1(id=1))
     p2 = client.create_producer(topic, schema=ts.JsonSchema(v2))  # a second, compatible version
@@ -215,6 +217,8 @@ def test_two_compatible_json_versions_decode_with_ours(client, official, topic, 
 
 def test_two_compatible_avro_versions_decode_by_their_writer(client, official, topic):
     v1, v2 = _v(ts, False), _v(ts, True)
+    # Never acks (no schema: registers none): "old" and "o" re-read what "new" acked, which retention none may delete.
+    official.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
     p1 = client.create_producer(topic, schema=ts.AvroSchema(v1), batching_enabled=False)
     p1.send(v1(id=1))
     o1 = _v(ps, False)

@@ -345,6 +345,8 @@ def test_concurrent_attempts_of_one_task(broker, peer, names, second_writer: str
     rows = [{"value": f"v{i}".encode(), "key": None if i % 4 == 0 else f"k{i % 5}",
              "properties": {"id": str(i), "parity": "even" if i % 2 == 0 else "odd"}} for i in range(n)]
     ledger_topic = default_ledger_topic(topic)
+    # Never acks: the second read_topic from the earliest needs what the first acked (retention none deletes it).
+    peer.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
 
     async def scenario(kill_first: bool) -> tuple[int, int]:
         txn_id = await open_transaction(broker.service_url, 60000)
@@ -492,6 +494,8 @@ def test_streaming_exactly_once_across_replay(  # noqa: ANN001
     for f in range(6):
         _write_json(src, f"f{f}.json", range(f * 40, f * 40 + 40))
     topic = names()
+    # Never acks: the second read_topic from the earliest needs what the first acked (retention none deletes it).
+    peer.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
     opts = sink_options(broker, topic, names.job, txn_timeout_ms=30000, writer=writer)
     query_id = f"fb-{uuid.uuid4().hex[:8]}"
 
