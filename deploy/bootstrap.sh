@@ -15,6 +15,10 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)   # real PostgreSQL for the tests
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)   # headless browser for the dashboard test
+# A C compiler and the Python headers build txn's compiled hot path (txn/protocol/_speedups.c).
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  2>/dev/null || need+=(python3-dev)
 if ((${#need[@]})); then
   log "installing Debian packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -33,7 +37,7 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+stamp=".venv/.installed-$(cat pyproject.toml setup.py txn/protocol/_speedups.c | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   log "installing Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
@@ -41,6 +45,9 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+
+.venv/bin/python -c 'from txn.protocol.batch import COMPILED; import sys; sys.exit(not COMPILED)' \
+  || log "WARNING: the compiled hot path (txn/protocol/_speedups.c) was not built; running on the pure Python path"
 
 # 3. The Pulsar distribution (cached outside the repo; instant when present).
 .venv/bin/python -c 'from txn_shell.localbroker import ensure_distribution; ensure_distribution()'

@@ -36,6 +36,7 @@ from txn.protocol import (
     pb,
     split_batch,
 )
+from txn.protocol.batch import COMPILED, NULL_PAYLOAD, split_batch_py
 from txn.protocol.frames import FRAME_HEADROOM
 
 T = pb.BaseCommand
@@ -412,15 +413,22 @@ def _as_items(out: list[tuple[pb.SingleMessageMetadata, bytes]]) -> list[tuple]:
     ]
 
 
+#: The pure Python split and, where it was built, the compiled one (``split_batch`` uses it).
+SPLITS = [split_batch_py, split_batch] if COMPILED else [split_batch_py]
+
+
 def _same_as_decode_batch(data: bytes, count: int) -> None:
-    """split_batch (fast path) must accept, reject and read exactly what decode_batch does."""
+    """split_batch (fast paths, pure and compiled) must accept, reject and read exactly what
+    decode_batch does."""
     try:
         want = _as_items(decode_batch(data, count))
     except ProtocolError:
-        with pytest.raises(ProtocolError):
-            split_batch(data, count)
+        for split in SPLITS:
+            with pytest.raises(ProtocolError):
+                split(data, count)
         return
-    assert split_batch(data, count) == want
+    for split in SPLITS:
+        assert split(data, count) == want
 
 
 _varint_fields = st.sampled_from([0x18, 0x20, 0x28, 0x40, 0x12, 0x30, 0x0A, 0x3A, 0x48, 0x50, 0x98])
@@ -481,11 +489,18 @@ def test_split_batch_reads_every_field() -> None:
                                    compacted_out=True, ordering_key=b"o\xff")
     smm.properties.add(key="a", value="b")
     plain = pb.SingleMessageMetadata(payload_size=2, sequence_id=300)
-    data = encode_entry(smm, b"abc") + encode_entry(plain, b"xy")
-    assert split_batch(data, 2) == [
-        (b"abc", 2**40, 7, "k\u00e9", [("a", "b")], True, b"o\xff"),
-        (b"xy", 300, 0, None, None, False, None),
-    ]
+    null = pb.SingleMessageMetadata(payload_size=0, null_value=True)
+    keyed = pb.SingleMessageMetadata(payload_size=1, sequence_id=5, partition_key="p", event_time=2**62)
+    data = encode_entry(smm, b"abc") + encode_entry(plain, b"xy") + encode_entry(null, b"") + encode_entry(keyed, b"z")
+    for split in SPLITS:
+        out = split(data, 4)
+        assert out == [
+            (b"abc", 2**40, 7, "k\u00e9", [("a", "b")], True, b"o\xff"),
+            (b"xy", 300, 0, None, None, False, None),
+            (b"", None, 0, None, None, False, None),
+            (b"z", 5, 2**62, "p", None, False, None),
+        ]
+        assert out[2][0] is NULL_PAYLOAD and out[0][0] is not NULL_PAYLOAD
 
 
 # ---------------------------------------------------------------- (d) codecs

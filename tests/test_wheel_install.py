@@ -45,7 +45,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 PACKAGES = ("txn", "spark_jobs", "coordinator_api", "txn_shell")
-TOP_FILES = ("pyproject.toml", "README.md", "LICENSE")
+TOP_FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE")
 
 #: Run inside the new virtualenv: imports every module of the installed packages and says where
 #: each package was loaded from.
@@ -65,7 +65,8 @@ for name in packages:
             done.append(info.name)
         except BaseException as exc:
             failed[info.name] = f"{type(exc).__name__}: {exc}"
-print(json.dumps({"imported": done, "failed": failed, "where": where,
+from txn.protocol.batch import COMPILED
+print(json.dumps({"imported": done, "failed": failed, "where": where, "compiled": COMPILED,
                   "pulsar_client": importlib.util.find_spec("pulsar") is not None}))
 """
 
@@ -79,7 +80,7 @@ def _run(argv: list[str], cwd: Path, timeout: float = 300, env: dict[str, str] |
 def build_wheel(src: Path, work: Path) -> Path:
     """Build the wheel from a copy of ``src``'s packages (the checkout gets no build/ or egg-info)."""
     copy = work / "src"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")  # the build compiles its own
     for pkg in PACKAGES:
         if (src / pkg).is_dir():
             shutil.copytree(src / pkg, copy / pkg, ignore=ignore)
@@ -96,7 +97,7 @@ def build_wheel(src: Path, work: Path) -> Path:
 def build_sdist(src: Path, work: Path) -> Path:
     """Build the sdist of a copy of ``src``'s packages (setuptools' PEP 517 hook, no download)."""
     copy = work / "sdist-src"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")  # the build compiles its own
     for pkg in PACKAGES:
         if (src / pkg).is_dir():
             shutil.copytree(src / pkg, copy / pkg, ignore=ignore)
@@ -221,7 +222,8 @@ def test_sdist_holds_what_the_build_needs(installed: Installed) -> None:
     from txn.version import __version__
 
     assert installed.sdist.name == f"pulsar_txn-{__version__}.tar.gz"
-    for needed in ("pyproject.toml", "README.md", "LICENSE", "txn/py.typed", "txn/protocol/pulsar_wire.proto",
+    for needed in ("pyproject.toml", "setup.py", "txn/protocol/_speedups.c", "README.md", "LICENSE", "txn/py.typed",
+                   "txn/protocol/pulsar_wire.proto",
                    "txn/protocol/pulsar_wire_pb2.py", "coordinator_api/static/dashboard.js",
                    "txn_shell/pulsar_version.py", "spark_jobs/sink.py", "txn/delivery/processor/metrics.py"):
         assert needed in installed.sdist_names, needed
@@ -244,6 +246,9 @@ def test_wheel_installs_and_runs_outside_the_checkout(installed: Installed) -> N
                    "txn_shell/__main__.py", "txn_shell/spark_cluster.py", "coordinator_api/static/dashboard.js"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "bench/", "deploy/", "docs/"))]
+    # the compiled hot path, built from the sdist's C source, and in use in the virtualenv
+    assert [n for n in names if n.startswith("txn/protocol/_speedups.") and n.endswith(".so")], names
+    assert report["compiled"] is True
     # the typing marker, and the license file the metadata declares
     assert "txn/py.typed" in names
     assert f"pulsar_txn-{__version__}.dist-info/licenses/LICENSE" in names
@@ -297,9 +302,11 @@ def _fresh_namespace(admin_url: str) -> str:
     return f"persistent://{ns}/"
 
 
-def test_installed_processor_processes_exactly_once(installed: Installed, broker, unique_name) -> None:
+@pytest.mark.parametrize("path", ["compiled", "pure"])
+def test_installed_processor_processes_exactly_once(installed: Installed, broker, unique_name, path: str) -> None:
     """``pulsar-txn process`` of the installed package: 12 inputs -> 12 outputs, each once; a second
-    run over the same subscription finds nothing left to do."""
+    run over the same subscription finds nothing left to do. On the compiled path and on the pure
+    Python one (``TXN_PURE_PYTHON=1``), which a machine without a C compiler runs."""
     import pulsar
 
     from peer import assert_nothing, read_n
@@ -307,7 +314,10 @@ def test_installed_processor_processes_exactly_once(installed: Installed, broker
     ns = _fresh_namespace(broker.admin_url)
     inp, out, ledger = (ns + unique_name(x) for x in ("in", "out", "ledger"))
     values = [f"m-{i:02d}" for i in range(12)]
-    env = venv_env()
+    env = venv_env() | ({"TXN_PURE_PYTHON": "1"} if path == "pure" else {})
+    mode = _run([str(installed.bindir / "python"), "-c", "from txn.protocol.batch import COMPILED; print(COMPILED)"],
+                cwd=installed.run_dir, env=env).strip()
+    assert mode == str(path == "compiled")
     _run([str(installed.bindir / "python"), "-c", PRODUCE, broker.service_url, inp, *values],
          cwd=installed.run_dir, env=env)
     cmd = [str(installed.bindir / "pulsar-txn"), "process", "--service-url", broker.service_url, "--input", inp,

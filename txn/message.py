@@ -325,7 +325,10 @@ class Message:
 
     def properties(self) -> dict[str, str]:
         """Application properties."""
-        return self._properties
+        p = self._properties
+        if p is None:  # none were sent: the dict is made on first use
+            p = self._properties = {}
+        return p
 
     def message_id(self) -> MessageId:
         """Where the message is stored."""
@@ -399,7 +402,7 @@ class ReceivedMessage(Message):
     def __init__(
         self,
         data: bytes,
-        properties: dict[str, str],
+        properties: dict[str, str] | None,
         entry: tuple[int, int, int, int],
         index: int,
         topic: str,
@@ -413,8 +416,19 @@ class ReceivedMessage(Message):
         txn: TxnID | None = None,
         ordering_key: bytes | None = None,
     ) -> None:
-        Message.__init__(self, data, properties, None, topic, partition_key, publish_timestamp,  # type: ignore[arg-type]
-                         event_timestamp, redelivery_count, producer_name, sequence_id, consumer, ordering_key)
+        # Message.__init__'s assignments, inline: this runs once per received message.
+        self._data = data
+        self._properties = properties  # None: no properties (properties() makes the dict on first use)
+        self._id = None  # type: ignore[assignment]  # made on first use by message_id()
+        self._topic = topic
+        self._key = partition_key
+        self._publish_ts = publish_timestamp
+        self._event_ts = event_timestamp
+        self._redelivery = redelivery_count
+        self._producer = producer_name
+        self._sequence_id = sequence_id
+        self._ordering_key = ordering_key
+        self.consumer = consumer
         self.entry = entry
         self.batch_index = index
         self._txn = txn

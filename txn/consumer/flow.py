@@ -316,7 +316,7 @@ class MessageFlow:
             if meta.null_value:
                 payload = NULL_PAYLOAD
             single = [
-                ReceivedMessage(payload, props or {}, entry, -1, topic, key, publish_time, event_time, redeliveries,
+                ReceivedMessage(payload, props, entry, -1, topic, key, publish_time, event_time, redeliveries,
                                 producer, meta.sequence_id, self, txn, okey)
             ]
             if meta.HasField("schema_version"):
@@ -333,7 +333,7 @@ class MessageFlow:
             if compacted or (ack_set and _is_acked(ack_set, i)):
                 continue
             if own_props is None:
-                p = dict(props) if props else {}
+                p = dict(props) if props else None  # None: ReceivedMessage makes the dict on first use
             elif props:
                 p = dict(props)
                 p.update(own_props)
