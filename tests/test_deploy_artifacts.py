@@ -296,6 +296,11 @@ def test_images_install_the_package_with_existing_extras() -> None:
         assert installs, path
         for group in installs:
             assert set(group.split(",")) <= extras, (path.name, group)
+        # the wheel stage compiles the hot path: a compiler, setup.py, and a check that the wheel holds it
+        stage = lines[[i for i, line in enumerate(lines) if line.endswith("AS wheel")][0]:]
+        assert any("apt-get install" in line and " gcc " in f"{line} " for line in stage), path.name
+        assert any(line.startswith("COPY ") and " setup.py " in line for line in stage), path.name
+        assert any(line.startswith("RUN pip wheel") and "_speedups" in line for line in stage), path.name
     args, lines = dockerfile(DEPLOY / "docker" / "Dockerfile")
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "pulsar-txn"]' in lines
     assert "pulsar-txn" in project["scripts"]
