@@ -50,7 +50,8 @@ for p in (ROOT, ROOT / "bench"):
 
 from bench_spark import msg_in_counter, official_partition_writer, prefill  # noqa: E402
 
-from spark_jobs.runtime import SparkProcessor  # noqa: E402
+from spark_jobs import runtime_driver  # noqa: E402
+from spark_jobs.runtime import DISTRIBUTED_BATCH_MAX_BYTES, SparkProcessor  # noqa: E402
 from spark_jobs.runtime_driver import DistributedRuntime  # noqa: E402
 from spark_jobs.source import PulsarDataSource  # noqa: E402
 from txn import AsyncClient  # noqa: E402
@@ -90,9 +91,64 @@ def start_spark(args: argparse.Namespace) -> Any:
 
 
 def conf(inp: str, out: str, ledger: str, n: int, args: argparse.Namespace) -> ProcessorConfig:
+    # run_job's default for the distributed runtime, unless --batch-max-bytes says otherwise
+    extra = {"batch_max_bytes": DISTRIBUTED_BATCH_MAX_BYTES if args.batch_max_bytes is None else args.batch_max_bytes}
     return ProcessorConfig(inputs=[inp], output=out, subscription=f"bench-{uuid.uuid4().hex[:8]}", job="bench-rt",
                            batch_max_messages=n, batch_max_delay_ms=600_000, ledger_topic=ledger,
-                           txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=3600, ledger_guard=False)
+                           txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=3600, ledger_guard=False, **extra)
+
+
+class Phases:
+    """Where the distributed runtime's batches spend their time: the driver's planning (cursor and
+    last positions), the transaction's open and STARTED record, the Spark job (executors read the
+    ranges, transform, write into the transaction), and the commit (acks, COMMITTED record,
+    END_TXN). Wraps the runtime's own methods; the sums are per run."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {"planning": 0.0, "open + STARTED": 0.0, "Spark job": 0.0, "commit": 0.0}
+        self.runs: list[dict[str, float]] = []
+        rt = DistributedRuntime
+        names = ("_plan", "_attempt", "_commit")  # bench-only instrumentation of the runtime's own steps
+        self._orig = (*(getattr(rt, n) for n in names), runtime_driver.run_batch)
+
+        def plan(this: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return self._orig[0](this)
+            finally:
+                self.s["planning"] += time.perf_counter() - t0
+
+        def attempt(this: Any, *a: Any) -> Any:
+            t0 = time.perf_counter()
+            before = self.s["Spark job"] + self.s["commit"]
+            try:
+                return self._orig[1](this, *a)
+            finally:
+                self.s["open + STARTED"] += time.perf_counter() - t0 - (self.s["Spark job"] + self.s["commit"] - before)
+
+        async def commit(this: Any, *a: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await self._orig[2](this, *a)
+            finally:
+                self.s["commit"] += time.perf_counter() - t0
+
+        def run_batch(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return self._orig[3](*a, **k)
+            finally:
+                self.s["Spark job"] += time.perf_counter() - t0
+
+        for name, fn in zip(names, (plan, attempt, commit), strict=True):
+            setattr(rt, name, fn)
+        runtime_driver.run_batch = run_batch
+
+    def take(self) -> dict[str, float]:
+        """This run's sums, reset for the next."""
+        out, self.s = self.s, dict.fromkeys(self.s, 0.0)
+        self.runs.append(out)
+        return out
 
 
 def run_distributed(spark: Any, url: str, admin: str, inp: str, out: str, ledger: str, n: int,
@@ -152,6 +208,9 @@ def main() -> int:
     ap.add_argument("--txn-timeout-ms", type=int, default=600_000)
     ap.add_argument("--driver-memory", help="spark.driver.memory (e.g. 512m)")
     ap.add_argument("--max-result-size", help="spark.driver.maxResultSize (e.g. 16m)")
+    ap.add_argument("--batch-max-bytes", type=int,
+                    help="the runtime's batch_max_bytes (default: run_job's for the distributed runtime, 64 MiB; "
+                         "0: no bound by bytes)")
     args = ap.parse_args()
     url, admin = args.service_url, args.admin_url
     kinds = [k for k in ("distributed", "plain", "driver") if k in args.only.split(",")]
@@ -162,11 +221,15 @@ def main() -> int:
     spark = start_spark(args)
     uid = uuid.uuid4().hex[:6]
     ledger = f"persistent://{ns}/ledger-{uid}"
+    phases = Phases()
 
     def once(kind: str, inp: str, n: int, tag: str) -> tuple[float, str]:
         out = f"persistent://{ns}/out-{kind}-{tag}-{uuid.uuid4().hex[:6]}"
         if kind == "distributed":
+            phases.take()
             dt, note = run_distributed(spark, url, admin, inp, out, ledger, n, args)
+            ph = phases.take()
+            note += "; " + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items())
         elif kind == "plain":
             dt, note = run_plain(spark, url, inp, out)
         else:

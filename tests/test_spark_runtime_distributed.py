@@ -550,3 +550,23 @@ def _child_main(cfg: dict) -> None:
 
 if __name__ == "__main__":
     _child_main(json.loads(sys.argv[1]))
+
+
+def test_run_job_bounds_distributed_batches_at_64_mib_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every distributed batch is a Spark job: ``run_job`` closes one at 64 MiB of inputs unless told
+    otherwise (the processor's 8 MiB made a 400k x 100 B backlog five Spark jobs)."""
+    import spark_jobs.runtime as runtime
+    from txn.delivery.processor import ProcessorConfig, ProcessorStats
+
+    seen: list[ProcessorConfig] = []
+
+    def capture(session: object, settings: object, fn: object, conf: ProcessorConfig, *rest: object) -> ProcessorStats:
+        seen.append(conf)
+        return ProcessorStats()
+
+    monkeypatch.setattr(runtime, "_run_distributed", capture)
+    for extra in ({}, {"batch_max_bytes": 1024}, {"batch_max_bytes": 0}):
+        runtime.run_job(None, "pulsar://127.0.0.1:6650", ["in"], "out", "sub", lambda df: df, **extra)
+    assert [c.batch_max_bytes for c in seen] == [64 * 1024 * 1024, 1024, 0]
+    assert runtime.DISTRIBUTED_BATCH_MAX_BYTES == 64 * 1024 * 1024
+    assert ProcessorConfig(inputs=["in"], output="out", subscription="s").batch_max_bytes == 8 * 1024 * 1024

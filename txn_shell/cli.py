@@ -254,7 +254,8 @@ def cmd_spark_submit(args: argparse.Namespace) -> int:
                         batch_max_delay_ms=args.batch_max_delay_ms, max_batches=args.max_batches,
                         idle_exit_ms=args.exit_when_idle_ms, max_attempts=args.max_attempts,
                         txn_timeout_ms=args.txn_timeout_ms, progress_interval_s=args.progress_interval,
-                        mode=args.mode, metrics=_metrics_options(args))
+                        mode=args.mode, metrics=_metrics_options(args),
+                        **({} if args.batch_max_bytes is None else {"batch_max_bytes": args.batch_max_bytes}))
     finally:
         spark.stop()
     print(f"stopped: {stats.batches} batches, {stats.messages} messages, {stats.outputs} outputs, "
@@ -406,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--master", default="local[*]", help="Spark master (local[*], spark://host:7077, ...)")
     sm.add_argument("--batch-max-messages", type=int, default=10000)
     sm.add_argument("--batch-max-delay-ms", type=int, default=1000)
+    sm.add_argument("--batch-max-bytes", type=int, default=None,
+                    help="a batch also closes before its inputs' payloads pass this many bytes (default: 64 MiB "
+                         "distributed, 8 MiB with --mode driver; 0: no bound by bytes)")
     sm.add_argument("--max-attempts", type=int, default=3)
     sm.add_argument("--txn-timeout-ms", type=int, default=120000)
     sm.add_argument("--shuffle-partitions", type=int, default=4)
