@@ -18,8 +18,9 @@ from typing import Any
 import pulsar
 import pytest
 
+from txn.admin import admin_request
 from txn_shell.examples import demo_data
-from txn_shell.examples.demo import MAX_ATTEMPTS
+from txn_shell.examples.demo import DEMO_RETENTION_MB, DEMO_RETENTION_MINUTES, MAX_ATTEMPTS
 from txn_shell.localbroker import free_port
 
 #: Saturates the machine (or starts brokers of its own): `make test` runs it after the parallel part, alone.
@@ -98,6 +99,12 @@ def test_demo_end_to_end(broker: Any, tmp_path: Path) -> None:
     assert eo["events_counted"] == eo["events"] == len(events)
     assert eo["output_messages"] == eo["ledger_outputs"] == s["outputs_committed"]
     assert not _alive(s["api_pid"])  # stopped without --keep-running
+
+    # The run's namespace keeps its data whatever was acknowledged (the parking topic below was
+    # acknowledged by the replay): under the default retention the broker could delete it.
+    status, policy = admin_request("GET", broker.admin_url, f"/admin/v2/namespaces/{s['namespace']}/retention")
+    assert (status, policy) == (200, {"retentionTimeInMinutes": DEMO_RETENTION_MINUTES,
+                                      "retentionSizeInMB": DEMO_RETENTION_MB})
 
     # On our own: the output topic, merged per window and key, equals the generator's aggregates.
     expected = demo_data.expected_aggregates(events)

@@ -22,6 +22,7 @@ __all__ = [
     "create_namespace",
     "create_partitioned_topic",
     "enable_namespace_dedup",
+    "set_namespace_retention",
     "expect",
     "topic_path",
 ]
@@ -115,6 +116,14 @@ def enable_namespace_dedup(admin_url: str, namespace: str) -> None:
     """Enable broker-side message deduplication for every topic in ``namespace``."""
     path = f"/admin/v2/namespaces/{namespace}/deduplication"
     expect(admin_request("POST", admin_url, path, True), "POST", path)
+
+
+def set_namespace_retention(admin_url: str, namespace: str, minutes: int, size_mb: int) -> None:
+    """Keep every topic's data in ``namespace`` for ``minutes`` (up to ``size_mb`` per topic) even
+    once every subscription acknowledged it (Pulsar's default retention keeps nothing then)."""
+    path = f"/admin/v2/namespaces/{namespace}/retention"
+    body = {"retentionTimeInMinutes": minutes, "retentionSizeInMB": size_mb}
+    expect(admin_request("POST", admin_url, path, body), "POST", path)
 
 
 def create_partitioned_topic(admin_url: str, topic: str, n: int) -> None:

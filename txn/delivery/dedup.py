@@ -154,7 +154,9 @@ class DedupReceiver:
 
     def process_one(self, timeout_millis: int | None = None) -> Outcome | None:
         """Handle one message: a held one whose predecessor is now done (or which must be parked)
-        first, else the next received; None if none came within ``timeout_millis``."""
+        first, else the next received; None if none came within ``timeout_millis``, which, while
+        the ordering guard holds messages, is capped at its ``poll_interval_ms`` (so that held
+        messages expire on time): a None then does not mean the input is idle."""
         if time.monotonic() - self._last_purge >= self._purge_every:
             self.purge_idle()
         g = self.ordering

@@ -1,6 +1,7 @@
 """``pulsar-txn demo``: a Spark exactly-once job, a failure, a poison message, a replay, and the proof.
 
-1. the local broker (or ``--service-url``), a namespace of the run's own;
+1. the local broker (or ``--service-url``), a namespace of the run's own (it keeps its topics' data
+   for a day, so they can be read after the run);
 2. the Spark job (``spark_jobs.jobs.demo_job``: windowed counts and sums per key over two input
    topics, one transaction per micro-batch) and the control plane (uvicorn, SQLite in the work
    dir, an API token made for the run), each a child process logging to the work dir;
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from txn.admin import AdminError, admin_request, create_namespace
+from txn.admin import AdminError, admin_request, create_namespace, set_namespace_retention
 from txn.delivery.batch_ids import is_narrowed_from
 from txn.delivery.ledger import default_ledger_topic
 
@@ -42,6 +43,10 @@ from .demo_services import Child, ControlPlane, DemoError, previous_api, stop_pi
 JOB = "demo-windowed-counts"
 SUBSCRIPTION = "demo"
 DEFAULT_API_PORT = 8765
+#: The run's namespace keeps its topics' data this long (and up to this many MB per topic), so they
+#: can be read after the run whatever was acknowledged.
+DEMO_RETENTION_MINUTES = 24 * 60
+DEMO_RETENTION_MB = 1024
 #: Attempts of a failing batch before the processor narrows it down (the injected fault fails one once).
 MAX_ATTEMPTS = 2
 #: Runs of the replay before giving up. The control plane opens the replay's transaction before it runs
@@ -193,6 +198,9 @@ class Demo:
         with p.step("namespace") as s:
             try:
                 create_namespace(self.admin_url, r.namespace)
+                # The run's topics stay readable after it (the parking topic the replay acknowledged,
+                # the output): the default retention keeps nothing every subscription acknowledged.
+                set_namespace_retention(self.admin_url, r.namespace, DEMO_RETENTION_MINUTES, DEMO_RETENTION_MB)
             except (AdminError, OSError) as exc:
                 raise DemoError(f"cannot create namespace {r.namespace} at {self.admin_url}: {exc}") from exc
             names = [t.rsplit("/", 1)[1] for t in r.inputs]
