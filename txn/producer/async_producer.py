@@ -217,8 +217,8 @@ class AsyncProducer:
             if properties is not None or partition_key is not None:
                 check_send(properties, partition_key, None, None, None)
             data = self.check_content(content, encoded)
-            part = single or self._route(partition_key, self._custom_route(data, properties, partition_key, None,
-                                                                           None))
+            part = single if single is not None else self._route(
+                partition_key, self._custom_route(data, properties, partition_key, None, None))
             if part not in registered:
                 if txn is not None and not txn.partition_registered(part.topic):
                     tid = await self._admit(part, txn)  # awaits: the transaction is checked again there
