@@ -19,6 +19,11 @@ from java_peer import compiled_peer, run_peer
 import txn
 from txn.admin import admin_request, topic_path
 
+#: A receive that must succeed (the copy on the retry or dead-letter topic comes through a producer
+#: the consumer creates, a topic lookup and, for delays, the broker's delayed-delivery tick): a CI
+#: run under load timed out at 5 s in three tests at once. Receives expected to time out keep short waits.
+MUST_MS = 30_000
+
 
 def _java_id(mid: Any) -> str:
     """An id as the Java client prints it (``ledger:entry:partition``, unbatched)."""
@@ -42,21 +47,21 @@ def test_reconsume_later_to_the_retry_topic_then_the_dead_letter_topic(broker: A
         producer = client.create_producer(topic, batching_enabled=False)
         mid = producer.send(b"x", properties={"a": "1"}, partition_key="k", event_timestamp=1234)
         origin = _java_id(mid)
-        first = consumer.receive(5000)
+        first = consumer.receive(MUST_MS)
         assert (first.topic_name(), first.properties()) == (topic, {"a": "1"})
         sent = time.monotonic()
         consumer.reconsume_later(first, timedelta(milliseconds=3000), {"c": "0"})
-        second = consumer.receive(10000)
+        second = consumer.receive(MUST_MS)
         # delivered after the delay (less the broker's delayedDeliveryTickTimeMillis, 1 s by default)
         assert time.monotonic() - sent >= 1.9
         assert (second.topic_name(), second.data(), second.partition_key(), second.event_timestamp()) == (
             f"{topic}-s-RETRY", b"x", "k", 1234)
         assert second.properties() == _expected(topic, origin, 1, 3000, a="1", c="0")
         consumer.reconsume_later(second, 0)
-        third = consumer.receive(10000)
+        third = consumer.receive(MUST_MS)
         assert third.properties() == _expected(topic, origin, 2, 0, a="1", c="0")
         consumer.reconsume_later(third, 100, {"c": "2"})  # reconsumed a third time: past the limit
-        dead = dlq.receive(10000)
+        dead = dlq.receive(MUST_MS)
         assert (dead.topic_name(), dead.data(), dead.partition_key()) == (f"{topic}-s-DLQ", b"x", "k")
         assert dead.properties() == _expected(topic, origin, 3, 100, a="1", c="2")
         with pytest.raises(txn.Timeout):
@@ -83,10 +88,10 @@ def test_dead_letters_of_a_retry_enabled_consumer_carry_the_java_properties(brok
         producer = client.create_producer(topic, batching_enabled=False)
         mid = producer.send(b"n", properties={"a": "1"})
         for count in (0, 1):
-            m = consumer.receive(5000)
+            m = consumer.receive(MUST_MS)
             assert m.redelivery_count() == count
             consumer.negative_acknowledge(m)
-        dead = dlq.receive(5000)
+        dead = dlq.receive(MUST_MS)
         origin = _java_id(mid)
         assert dead.properties() == {"a": "1", "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": origin,
                                      "ORIGIN_MESSAGE_IDY_TIME": origin, "REAL_SUBSCRIPTION": "s"}
@@ -111,14 +116,14 @@ def test_retry_topics_of_the_policy_and_the_async_client(broker: Any, topic: str
             assert consumer.partition_topics() == [topic, f"persistent://public/default/{retry_topic}"]
             producer = await client.create_producer(topic, batching_enabled=False)
             await producer.send(b"y")
-            m = await consumer.receive(5000)
+            m = await consumer.receive(MUST_MS)
             await consumer.reconsume_later(m, timedelta(0))
-            m = await consumer.receive(5000)
+            m = await consumer.receive(MUST_MS)
             assert m.topic_name() == f"persistent://public/default/{retry_topic}"
             assert m.properties()["RECONSUMETIMES"] == "1"
             await consumer.reconsume_later(m, 0)
             dead = await client.subscribe(f"{topic}-dead", "peek", initial_position=txn.InitialPosition.Earliest)
-            d = await dead.receive(5000)
+            d = await dead.receive(MUST_MS)
             assert (d.data(), d.properties()["RECONSUMETIMES"]) == (b"y", "2")
             plain = await client.subscribe(topic, "plain")
             with pytest.raises(txn.InvalidConfiguration):
@@ -162,12 +167,12 @@ def test_older_default_names_are_kept_when_their_topics_exist(broker: Any, topic
         assert consumer._inner.partition_topics() == [topic, old_retry]  # noqa: SLF001
         producer = client.create_producer(topic, batching_enabled=False)
         producer.send(b"z")
-        consumer.reconsume_later(consumer.receive(5000), 0)
-        m = consumer.receive(5000)
+        consumer.reconsume_later(consumer.receive(MUST_MS), 0)
+        m = consumer.receive(MUST_MS)
         assert (m.topic_name(), m.properties()["RECONSUMETIMES"]) == (old_retry, "1")
         consumer.reconsume_later(m, 0)
         dlq = client.subscribe(f"{topic}-{sub}-DLQ", "peek", initial_position=txn.InitialPosition.Earliest)
-        assert dlq.receive(5000).properties()["RECONSUMETIMES"] == "2"
+        assert dlq.receive(MUST_MS).properties()["RECONSUMETIMES"] == "2"
     finally:
         client.close()
 
@@ -181,10 +186,10 @@ def test_reconsume_later_from_a_partitioned_topic(broker: Any, topic: str) -> No
         consumer = client.subscribe(topic, "s", consumer_type=txn.ConsumerType.Shared, retry_enable=True)
         producer = client.create_producer(topic, batching_enabled=False)
         mid = producer.send(b"p", partition_key="one")
-        m = consumer.receive(5000)
+        m = consumer.receive(MUST_MS)
         assert m.topic_name() == f"{topic}-partition-{mid.partition()}"
         consumer.reconsume_later(m, 0)
-        again = consumer.receive(5000)
+        again = consumer.receive(MUST_MS)
         assert again.topic_name() == f"{topic}-s-RETRY"
         assert again.properties() == _expected(topic, f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}", 1, 0)
         consumer.acknowledge(again)
@@ -204,17 +209,17 @@ def test_reconsume_later_of_a_chunked_message(broker: Any, topic: str) -> None:
         producer = client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
         big = os.urandom(6 * 1024 * 1024)
         producer.send(big)
-        m = consumer.receive(20000)
+        m = consumer.receive(MUST_MS)
         chunks = m.message_id().chunk_ids
         assert len(chunks) == 2
         consumer.reconsume_later(m, 0)
-        again = consumer.receive(20000)
+        again = consumer.receive(MUST_MS)
         assert (again.topic_name(), again.data() == big) == (f"{topic}-s-RETRY", True)
         origin = f"{_java_id(chunks[0])};{_java_id(chunks[-1])}"
         assert again.properties() == _expected(topic, origin, 1, 0)
         consumer.reconsume_later(again, 0)  # past the limit: to the dead-letter topic, chunked too
         dlq = client.subscribe(f"{topic}-s-DLQ", "peek", initial_position=txn.InitialPosition.Earliest)
-        dead = dlq.receive(20000)
+        dead = dlq.receive(MUST_MS)
         assert (dead.data() == big, dead.properties()) == (True, _expected(topic, origin, 2, 0))
         consumer.close()
     finally:
@@ -257,7 +262,7 @@ def test_reconsume_later_with_the_java_client(broker: Any, topic: str, java_peer
             topic, origin, "x", "k", {"a": "1"})
         consumer = client.subscribe(topic, "s", consumer_type=txn.ConsumerType.Shared, retry_enable=True,
                                     dead_letter_policy=txn.ConsumerDeadLetterPolicy(3))
-        m = consumer.receive(10000)
+        m = consumer.receive(MUST_MS)
         assert (m.topic_name(), m.data(), m.partition_key()) == (f"{topic}-s-RETRY", b"x", "k")
         assert m.properties() == _expected(topic, origin, 1, 300, a="1", c="java")
         consumer.reconsume_later(m, 200, {"c": "txn"})
