@@ -123,12 +123,18 @@ class AsyncConsumer:
             self._discoverer = loop.create_task(self._discover())
 
     async def _tick(self) -> None:
+        """Flush grouped acks and send due negative-ack redeliveries, for every topic consumer. A
+        failure in one is logged and the loop goes on: a ticker that died would leave every later
+        ack and nack of the consumer unsent."""
         interval = max(self.conf.ack_grouping_time_ms, 10) / 1000.0
         while not self._closed:
             await asyncio.sleep(interval)
             for s in self.topic_consumers:
-                s.flush_acks()
-                s.process_nacks()
+                try:
+                    s.flush_acks()
+                    s.process_nacks()
+                except Exception:  # noqa: BLE001 - logged; the next tick tries again
+                    log.exception("%s: flushing acks or negative acks failed; trying again next tick", s.topic)
 
     async def _redeliver_timed_out(self, unacked: UnackedTracker) -> None:
         """Each tick, ask for the redelivery of what was handed out a timeout ago and not acknowledged
