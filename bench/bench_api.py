@@ -62,7 +62,7 @@ from txn.delivery.ledger import LedgerRecord, default_ledger_topic, ensure_ledge
 from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
 from loadgen import Check, LoadResult, Req, run_load, summarize  # noqa: E402
-from machine import machine_load  # noqa: E402
+from machine import machine_load, proc_cpu_s  # noqa: E402
 
 T0 = time.monotonic()
 JOB_NAMES = ("orders", "payments", "clicks")
@@ -481,17 +481,6 @@ class ApiProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self.proc = None
-
-
-def proc_cpu_s(pid: int | None) -> float | None:
-    """User+system CPU seconds of process ``pid`` (all its threads), or None."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_busy() -> tuple[float, float]:

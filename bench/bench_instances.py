@@ -76,14 +76,13 @@ from txn.delivery.ledger import Kind  # noqa: E402
 from txn.delivery.replay import read_ledger  # noqa: E402
 from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
-from machine import machine_load  # noqa: E402
+from machine import machine_load, proc_cpu_s  # noqa: E402
 from official import official_client  # noqa: E402
 
 T0 = time.monotonic()
 NS = "persistent://public/default"
 HANDLER = "txn_shell.examples.handlers:upper"
 JOB = "bench"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # The CLI with the fencing logger at INFO (``cmd_process`` sets up WARNING logging; a logger's own
 # level still lets its INFO records through to the root handler): takeovers and claim waits.
 BOOT = ("import logging, sys; logging.getLogger('txn.fencing').setLevel(logging.INFO); "
@@ -112,16 +111,6 @@ def fmt(v: float, digits: int = 0) -> str:
 def short_partition(topic: str) -> str:
     m = re.search(r"-partition-(\d+)$", topic)
     return f"p{m.group(1)}" if m else topic
-
-
-def proc_cpu(pid: int) -> float | None:
-    """user+sys CPU seconds of ``pid`` (its own threads; None once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def cli_has_no_fencing() -> bool:
@@ -330,7 +319,7 @@ def run_once(args: argparse.Namespace, url: str, admin: str, topic: str, n: int,
     cmd = instance_cmd(args, url, topic, out, sub, ledger, fencing)
     env = child_env()
     insts: list[Instance] = []
-    b0 = proc_cpu(broker_pid) if broker_pid else None
+    b0 = proc_cpu_s(broker_pid) if broker_pid else None
     t0 = time.perf_counter()
     try:
         for i in range(k):
@@ -343,7 +332,7 @@ def run_once(args: argparse.Namespace, url: str, admin: str, topic: str, n: int,
             now = time.perf_counter()
             for inst in insts:
                 if inst.ready_at is None and b"processing " in inst.log.read_bytes()[:4096]:
-                    inst.ready_at, inst.cpu_ready = now, proc_cpu(inst.proc.pid)
+                    inst.ready_at, inst.cpu_ready = now, proc_cpu_s(inst.proc.pid)
                 if inst.proc.poll() is not None:
                     raise RuntimeError(f"instance {inst.log.name} exited with {inst.proc.returncode} "
                                        f"after {now - t0:.1f} s")
@@ -355,8 +344,8 @@ def run_once(args: argparse.Namespace, url: str, admin: str, topic: str, n: int,
             raise RuntimeError(f"output reader failed: {reader.error!r}")
         res.seconds = reader.full_at - t0
         for inst in insts:
-            inst.cpu_end = proc_cpu(inst.proc.pid)
-        b1 = proc_cpu(broker_pid) if broker_pid else None
+            inst.cpu_end = proc_cpu_s(inst.proc.pid)
+        b1 = proc_cpu_s(broker_pid) if broker_pid else None
         if b0 is not None and b1 is not None:
             res.broker_cpu_s = b1 - b0
         ends = [x.cpu_end for x in insts]

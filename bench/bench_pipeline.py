@@ -72,7 +72,7 @@ from txn.admin import admin_request  # noqa: E402
 from txn.delivery import AsyncProcessor, ProcessorConfig  # noqa: E402
 from txn_shell.localbroker import LocalBroker, free_port  # noqa: E402
 
-from machine import machine_load  # noqa: E402
+from machine import machine_load, proc_cpu_s  # noqa: E402
 from official import count_topic, official_client  # noqa: E402
 
 T0 = time.monotonic()
@@ -105,13 +105,8 @@ BROKER_PID: int | None = None
 def broker_cpu_seconds() -> float:
     """user+sys CPU seconds of the broker's process (NaN if unknown): on this machine the broker
     shares the 2 cores with the pipeline, so its work per message bounds the pipeline too."""
-    if BROKER_PID is None:
-        return float("nan")
-    try:
-        fields = Path(f"/proc/{BROKER_PID}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = proc_cpu_s(BROKER_PID)
+    return float("nan") if cpu is None else cpu
 
 
 def median(xs: list[float]) -> float:

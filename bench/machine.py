@@ -26,3 +26,15 @@ def machine_load(own_broker_pid: int | None) -> str:
     if others:
         parts.append(f"WARNING: {others} other Pulsar broker JVM(s) running on this machine; figures will be noisy")
     return "; ".join(parts)
+
+
+def proc_cpu_s(pid: int | None) -> float | None:
+    """User+system CPU seconds of process ``pid`` (all its threads; Linux ``/proc``), or None
+    (no pid, or the process is gone)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -76,7 +76,7 @@ class MessageId:
         return hash(self._order())
 
     def __str__(self) -> str:
-        return f"({self._ledger},{self._entry},{self._partition},{self._batch})"
+        return _id_str(self._ledger, self._entry, self._partition, self._batch)
 
     def __repr__(self) -> str:
         return (f"MessageId(partition={self._partition}, ledger_id={self._ledger}, entry_id={self._entry}, "
@@ -462,5 +462,10 @@ def id_text(m: Message) -> str:
     of a received message)."""
     if isinstance(m, ReceivedMessage):
         e = m.entry
-        return f"({e[0]},{e[1]},{e[2]},{m.batch_index})"
+        return _id_str(e[0], e[1], e[2], m.batch_index)
     return str(m.message_id())
+
+
+def _id_str(ledger: int, entry: int, partition: int, batch: int) -> str:
+    """A message id's text, ``(ledger,entry,partition,batch_index)``: what ``str(MessageId)`` gives."""
+    return f"({ledger},{entry},{partition},{batch})"
