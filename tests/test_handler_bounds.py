@@ -28,6 +28,8 @@ def _handler(m: txn.Message):
         return (b"x" * 100 for _ in itertools.count())  # never ends
     if kind == b"huge":
         return [b"y" * (1 << 20)] * 3  # 3 MiB for one input: over the batch's 2 MiB budget
+    if kind == b"big":
+        return b"z" * (2 * 1024 * 1024 + 1)  # one output of bytes, one byte over the budget
     return kind.upper()
 
 
@@ -35,7 +37,7 @@ def _handler(m: txn.Message):
 def test_endless_and_huge_results_are_parked_and_the_rest_commits(broker, official, unique_name, async_handler):
     inp, out, ledger = (f"persistent://public/default/{unique_name(p)}" for p in ("in", "out", "ledger"))
     p = official.create_producer(inp, batching_enabled=False)
-    for d in (b"a", b"endless", b"b", b"huge", b"c"):
+    for d in (b"a", b"endless", b"b", b"huge", b"c", b"big"):
         p.send(d)
     p.close()
 
@@ -56,7 +58,7 @@ def test_endless_and_huge_results_are_parked_and_the_rest_commits(broker, offici
             return proc.stats
 
     stats = asyncio.run(main())
-    assert (stats.messages, stats.outputs, stats.parked) == (3, 3, 2), stats.line("bounds", 0)
+    assert (stats.messages, stats.outputs, stats.parked) == (3, 3, 3), stats.line("bounds", 0)
     r = official.create_reader(out, pulsar.MessageId.earliest)
     got = []
     while r.has_message_available():
@@ -69,6 +71,7 @@ def test_endless_and_huge_results_are_parked_and_the_rest_commits(broker, offici
         m = r.read_next(timeout_millis=10000)
         parked[m.data()] = m.properties()[PARK_ERROR]
     r.close()
-    assert set(parked) == {b"endless", b"huge"}
+    assert set(parked) == {b"endless", b"huge", b"big"}
     assert "OutputLimitExceeded" in parked[b"endless"] and "more than 1000 outputs" in parked[b"endless"]
     assert "OutputLimitExceeded" in parked[b"huge"] and "2097152 bytes" in parked[b"huge"]
+    assert "OutputLimitExceeded" in parked[b"big"] and "2097152 bytes" in parked[b"big"]

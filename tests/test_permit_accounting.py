@@ -208,3 +208,32 @@ def test_an_entry_with_acked_indexes_costs_only_its_unacked_messages(acked: int)
     words = _ack_set_words(n, list(range(acked)))
     assert _charged_permits(n, words) == n - acked
     assert _charged_permits(n, []) == n
+
+
+def test_an_idle_consumer_keeps_no_waiters_it_gave_up(broker, topic):
+    """Receives and batch receives that time out on an empty topic, and a processor batch's wait
+    for input, leave nothing behind in the queue's waiters: they had piled up, one per timeout
+    (ten per second for a processor idling at ``batch_max_delay_ms=100``), until a message came."""
+
+    async def main() -> tuple[int, int, bytes]:
+        async with txn.AsyncClient(broker.service_url) as client:
+            consumer = await client.subscribe(topic, "idle", receiver_queue_size=QUEUE)
+            q = consumer.receive_queue
+            for _ in range(20):
+                with pytest.raises(txn.Timeout):
+                    await consumer.receive(timeout_millis=5)
+            await consumer.receive_queue.get_batch(10, 0, 0.005)
+            for _ in range(20):
+                w = q.waiter()
+                assert w is not None
+                await asyncio.wait([w], timeout=0.005)
+                q.forget(w)
+            left_idle = len(q._async_waiters)  # noqa: SLF001 - what the test is about
+            waiting = asyncio.ensure_future(consumer.receive(timeout_millis=30000))
+            await asyncio.sleep(0.05)
+            producer = await client.create_producer(topic)
+            await producer.send(b"after the wait")
+            got = await waiting
+            return left_idle, len(q._async_waiters), got.data()  # noqa: SLF001
+
+    assert asyncio.run(main()) == (0, 0, b"after the wait")

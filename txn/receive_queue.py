@@ -133,6 +133,24 @@ class ReceiveQueue:
                     finally:
                         self._sync_waiters -= 1
 
+    def waiter(self) -> asyncio.Future[None] | None:
+        """A future that completes once something is queued or the queue closes, or None when
+        something is queued already (event-loop thread). :meth:`forget` it if it is given up."""
+        if self._dq or self._closed is not None:
+            return None
+        fut = self._loop.create_future()
+        self._async_waiters.append(fut)
+        return fut
+
+    def forget(self, fut: asyncio.Future[None]) -> None:
+        """Drop a waiter given up on (a timeout): an idle consumer would pile them up otherwise."""
+        if not fut.done():
+            fut.cancel()
+        try:
+            self._async_waiters.remove(fut)
+        except ValueError:
+            pass
+
     async def get(self, timeout: float | None) -> Any:
         """Pop one message, awaiting up to ``timeout`` seconds (event-loop thread)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -149,6 +167,8 @@ class ReceiveQueue:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
                 raise Timeout("no message received within the timeout") from None
+            finally:
+                self.forget(fut)
 
     # ------------------------------------------------------------ batch receive
 
@@ -235,6 +255,8 @@ class ReceiveQueue:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
                 pass
+            finally:
+                self.forget(fut)
         for sub, n, session in flows:
             self._flow(sub, n, session)
         return out

@@ -149,32 +149,45 @@ class BatchLoop:
             held = over[0]
         size = 0
         first_at = 0.0
-        while len(batch) < c.batch_max_messages and not self._stopping.is_set():
-            m, held = self._receive_nowait() if held is None else held, None
-            if m is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                m = await self._receive_or_stop(max(1, int(left * 1000)))
+        stop: asyncio.Future[Any] | None = None  # made on the first wait, for the whole batch
+        try:
+            while len(batch) < c.batch_max_messages and not self._stopping.is_set():
+                m, held = self._receive_nowait() if held is None else held, None
                 if m is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._corrupt:
+                        break
+                    if not consumer.zero_queue:
+                        # Wait for the queue, not for one message: one wake-up takes in all that
+                        # arrived together (an entry, a read), not a task and a wait per message.
+                        if stop is None:
+                            stop = asyncio.ensure_future(self._stopping.wait())
+                        if not await self._await_input(left, stop):
+                            break
+                        continue
+                    m = await self._receive_or_stop(max(1, int(left * 1000)))
+                    if m is None:
+                        break
+                key = position(m)
+                if key in ids:
+                    # Redelivered while its first copy is still here (after a reconnect or an abort).
+                    # A transaction that acknowledged one message twice would commit its output twice.
+                    continue
+                if c.batch_max_bytes > 0:
+                    n = len(m.data())
+                    if batch and size + n > c.batch_max_bytes:
+                        self._held_over = (m, consumer.subscriptions_made)
+                        break
+                    size += n
+                ids.add(key)
+                if not batch:
+                    first_at = time.monotonic()
+                batch.append(m)
+                if c.batch_max_bytes > 0 and size >= c.batch_max_bytes:
                     break
-            key = position(m)
-            if key in ids:
-                # Redelivered while its first copy is still here (after a reconnect or an abort).
-                # A transaction that acknowledged one message twice would commit its output twice.
-                continue
-            if c.batch_max_bytes > 0:
-                n = len(m.data())
-                if batch and size + n > c.batch_max_bytes:
-                    self._held_over = (m, consumer.subscriptions_made)
-                    break
-                size += n
-            ids.add(key)
-            if not batch:
-                first_at = time.monotonic()
-            batch.append(m)
-            if c.batch_max_bytes > 0 and size >= c.batch_max_bytes:
-                break
+        finally:
+            if stop is not None:
+                stop.cancel()
         if self._entries is not None:
             self._entries.complete(batch, ids, self._receive_nowait, consumer.subscriptions_made)
         if batch:
@@ -190,6 +203,20 @@ class BatchLoop:
                 return self._consumer.receive_nowait()
             except CorruptMessage as exc:
                 self._corrupt.append(exc)
+
+    async def _await_input(self, timeout_s: float, stop: asyncio.Future[Any]) -> bool:
+        """Wait until the consumer's queue holds something (or closes), up to ``timeout_s`` or
+        :meth:`stop`; True unless the time ran out or the loop is stopping."""
+        assert self._consumer is not None
+        q = self._consumer.receive_queue
+        ready = q.waiter()
+        if ready is None:
+            return True
+        try:
+            await asyncio.wait((ready, stop), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            q.forget(ready)
+        return ready.done() and not ready.cancelled()
 
     async def _receive_or_stop(self, timeout_ms: int) -> Message | None:
         """Wait for a message, the timeout, or :meth:`stop`, whichever comes first."""

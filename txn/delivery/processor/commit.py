@@ -294,7 +294,13 @@ class CommitPipeline:
             for m in msgs:  # the definitions the inputs were written with, so value() decodes by them
                 await self._consumer.learn_writer_schema(m)
 
+        one_allowed = c.max_outputs_per_input >= 1
+
         def bounded(m: Message, result: Any) -> tuple[Message, list[Output]]:
+            if type(result) is bytes and one_allowed and len(result) <= budget[0]:
+                # The common case, without normalise's checks: one output of bytes within the budget.
+                budget[0] -= len(result)
+                return m, [Output(result)]
             outs = normalise(result, max_outputs=c.max_outputs_per_input, max_bytes=max(budget[0], 0),
                              encode=encode)
             budget[0] -= sum(output_size(o) for o in outs)
