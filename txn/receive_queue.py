@@ -62,6 +62,11 @@ class ReceiveQueue:
         with self._lock:
             return list(self._dq)
 
+    def queued_for(self, sub: Any) -> int:
+        """How many queued messages came from sub-consumer ``sub``."""
+        with self._lock:
+            return sum(1 for m in self._dq if m.consumer is sub)
+
     def put_many(self, items: list[Any]) -> None:
         """Append messages (event-loop thread)."""
         with self._lock:

@@ -283,12 +283,16 @@ class AckTracker:
             if self.parent.unacked is not None:
                 self.parent.unacked.clear(self)
             removed = self.parent.receive_queue.remove_where(lambda m: m.consumer is self)
-            if removed:
-                self._skip(removed)
             conn.send_command(
                 command(T.REDELIVER_UNACKNOWLEDGED_MESSAGES, consumer_id=self.consumer_id,
                         consumer_epoch=self._epoch)
             )
+            # The permits of the dropped messages go back after the request, not before: a FLOW
+            # ahead of it lets the broker start a read that the request then crosses, and Pulsar
+            # 4.0.8 can move the read position past what that read dispatched with the old epoch
+            # (``MessageFlow._check_skipped``), which takes another redelivery to recover.
+            if removed:
+                self._skip(removed)
         except ConnectError:
             pass
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..connection import Connection, command
@@ -81,6 +82,9 @@ class MessageFlow:
     _epoch: int
     stale_entries: set[tuple[int, int]]
     skipped_after_redeliver: bool
+    last_arrival: float
+    queue_size: int
+    taken: int
 
     # ----------------------------------------------------------------- messages
 
@@ -111,7 +115,18 @@ class MessageFlow:
         if granted:
             self.send_flow(granted)
 
+    def dispatch_settled(self, quiet_s: float = 0.05) -> bool:
+        """Whether the broker can have no read of its own in progress for this consumer: it holds
+        no permits for it (the queue holds or has handed out all it granted), or nothing came for
+        ``quiet_s``. A redeliver-all is best sent then (see :meth:`AckTracker.redeliver`)."""
+        if self.zero_queue:
+            return True
+        if time.monotonic() - self.last_arrival >= quiet_s:
+            return True
+        return self.queue_size - self.parent.receive_queue.queued_for(self) - self.taken <= 0
+
     def on_message(self, cmd: pb.CommandMessage, frame: Frame) -> None:
+        self.last_arrival = time.monotonic()
         meta = frame.metadata
         if meta is None:
             raise ProtocolError("MESSAGE command without payload", topic=self.topic)

@@ -69,6 +69,7 @@ class TopicConsumer(MessageFlow, AckTracker):
         #: broker then skipped one of them (see ``MessageFlow.on_message``).
         self.stale_entries: set[tuple[int, int]] = set()
         self.skipped_after_redeliver = False
+        self.last_arrival = 0.0  # time.monotonic() of the last entry the broker sent
         self._reconnect_task: asyncio.Task[None] | None = None
         self._ack_inbox: deque[tuple[Message | MessageId, bool]] = deque()
         # (ledger, entry, partition, batch size) -> batch indexes not yet acknowledged

@@ -49,6 +49,8 @@ log = logging.getLogger("txn.processor")
 
 #: Seconds past a batch transaction's timeout after which its commit stage stops waiting.
 COMMIT_GRACE_S = 10.0
+#: The longest a hand-back waits for the broker's dispatch to its consumers to settle.
+DISPATCH_SETTLE_S = 1.0
 
 
 async def _checkpoint_sent(f: Any) -> None:
@@ -458,6 +460,11 @@ class CommitPipeline:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
         consumers, self._handback = self._handback, set()
+        # A request that crosses a read the broker has in progress can make it skip entries
+        # (``TopicConsumer.skipped_after_redeliver``): wait, briefly, until none can be.
+        settle_until = time.monotonic() + DISPATCH_SETTLE_S
+        while not all(c.dispatch_settled() for c in consumers) and time.monotonic() < settle_until:
+            await asyncio.sleep(0.005)
         for consumer in consumers:
             consumer.redeliver_after_abort([], True)
         if self._entries is not None:
