@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -435,6 +436,33 @@ def perf_limit(pulsar_home: Path, url: str, kind: str, topic: str, seconds: int,
     if m is None or int(m.group(1)) == 0:
         raise RuntimeError(f"pulsar-perf {kind} measured nothing:\n{(text or '')[-2000:]}")
     return float(m.group(2)), int(m.group(1))
+
+
+def pipeline_limit(url: str, size: int, seconds: int, pulsar_home: str | None,
+                   progress: Callable[[str], None]) -> tuple[float, str]:
+    """The broker's limit for a consume-and-produce pipeline on this machine: the lower of
+    ``pulsar-perf produce`` (4 producers, unthrottled, ``size``-byte messages, ``seconds``) and
+    ``pulsar-perf consume`` of what that wrote; and a sentence for the table. NaN if ``seconds`` is
+    0 or the measurement failed (the sentence says why). A pipeline consumes and produces every
+    message, so it cannot reach 100 % of it."""
+    if seconds <= 0:
+        return float("nan"), "The broker's limit was not measured (--limit-seconds 0)."
+    try:
+        home = Path(pulsar_home) if pulsar_home else ensure_distribution(progress)
+        topic = uniq("perf-p")
+        produce, n = perf_limit(home, url, "produce", topic, seconds, size)
+        progress(f"limit: pulsar-perf produce, 4 producers: {produce:,.0f} msg/s ({n:,} messages)")
+        consume, _ = perf_limit(home, url, "consume", topic, seconds + 120, size, n)
+        progress(f"limit: pulsar-perf consume of those: {consume:,.0f} msg/s")
+    except Exception as exc:  # noqa: BLE001 - reported; the rest of the table stands
+        progress(f"limit: not measured ({exc})")
+        return float("nan"), f"The broker's limit could not be measured: {exc}"
+    limit = min(produce, consume)
+    return limit, (f"The broker's limit, on the same broker after the runs: pulsar-perf produce (4 producers, "
+                   f"unthrottled, batching on, {size} B, {seconds} s) {produce:,.0f} msg/s, and pulsar-perf "
+                   f"consume of the {n:,} messages it wrote {consume:,.0f} msg/s. The % column divides by the "
+                   f"lower, {limit:,.0f} msg/s; a pipeline consumes and produces every message, so it cannot "
+                   f"reach 100 %.")
 
 
 _JAVA_OPENS = [

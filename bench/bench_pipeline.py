@@ -30,8 +30,12 @@ Measured, all on the same broker in one run:
      and every 1000 messages (``batch_max_messages=1000``, ``batch_max_delay_ms=10000``).
 
    The three pipelines run in rotated order in each of ``--runs`` rounds; medians are
-   reported. Then one run per ``max_inflight_commits`` value (``--inflight-sweep``) for both
-   commit settings. The first exactly-once run of each setting is verified: the output topic
+   reported. After them, the broker's limit is measured on the same broker with the
+   distribution's ``bin/pulsar-perf produce`` (4 producers, unthrottled, batching on, same size,
+   ``--limit-seconds``) and ``pulsar-perf consume`` of what it wrote; each pipeline's "% of the
+   broker's limit" divides its msg/s by the lower of the two. Then one run per
+   ``max_inflight_commits`` value (``--inflight-sweep``) for both commit settings. The first
+   exactly-once run of each setting is verified: the output topic
    holds exactly N messages (read with the official client).
 
 2. Processor memory: a ``--rss-backlog`` topic of ``--rss-size`` (100 B) messages is pre-filled
@@ -66,6 +70,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402  (official client)
+from bench_client import pipeline_limit  # noqa: E402
 
 import txn  # noqa: E402
 from txn.admin import admin_request  # noqa: E402
@@ -556,6 +561,8 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
             progress(f"throughput run {run + 1}/{args.runs} {kind:8s}: {n / secs:9,.0f} msg/s ({secs:.2f} s, "
                      f"client CPU {cpu / n * 1e6:.0f} us/msg, broker CPU {bcpu / n * 1e6:.0f} us/msg){extra}")
 
+    limit, limit_note = pipeline_limit(url, args.size, args.limit_seconds, args.pulsar_home, progress)
+
     sweep_vals = [int(x) for x in args.inflight_sweep.split(",") if x.strip()]
     sweep: dict[str, dict[int, tuple[float, float]]] = {}  # kind -> k -> (msg/s, % of time waiting for a slot)
     for kind in ("100ms", "1000msg") if sweep_vals else ():
@@ -573,13 +580,15 @@ def throughput(args: argparse.Namespace, url: str, admin: str) -> list[str]:
     out = ["", f"## Pipeline throughput (median of {args.runs} runs, {n:,} x {args.size} B messages, "
                f"{args.consumer_type} subscriptions)", "",
            "| pipeline | msg/s | ratio vs official at-least-once | ratio vs txn at-least-once | "
-           "client CPU (us/msg) | broker CPU (us/msg) | client + broker CPU (us/msg) |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           "% of the broker's limit | client CPU (us/msg) | broker CPU (us/msg) | client + broker CPU (us/msg) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
     same = median(series["txn-alo"].mps)
     for kind, label in LABELS.items():
         v, c, b = median(series[kind].mps), median(series[kind].cpu_us), median(series[kind].broker_us)
-        out.append(f"| {label} | {fmt(v)} | {v / ref:.2f}x | {v / same:.2f}x | {c:.0f} ({c / ref_cpu:.1f}x) | "
+        pct = "n/a" if limit != limit else f"{100 * v / limit:.0f}%"
+        out.append(f"| {label} | {fmt(v)} | {v / ref:.2f}x | {v / same:.2f}x | {pct} | {c:.0f} ({c / ref_cpu:.1f}x) | "
                    f"{fmt(b)} | {fmt(c + b)} |")
+    out += ["", limit_note]
     out += ["", "Per-run values (msg/s; client CPU us/msg):", ""]
     for kind, label in LABELS.items():
         s = series[kind]
@@ -668,6 +677,9 @@ def main() -> int:
     ap.add_argument("--rss-seconds", type=float, default=120, help="max processing time per RSS run")
     ap.add_argument("--only", default="throughput,rss", help="comma-separated subset of throughput,rss")
     ap.add_argument("--no-ledger-guard", action="store_true", help="processor without its ledger guard (to measure it)")
+    ap.add_argument("--limit-seconds", type=int, default=20,
+                    help="pulsar-perf produce/consume -time for the broker's limit (0 = skip it)")
+    ap.add_argument("--pulsar-home", help="Pulsar distribution for bin/pulsar-perf (default: txn's cache)")
     ap.add_argument("--service-url", help="use this broker instead of starting one")
     ap.add_argument("--admin-url", help="admin URL of --service-url's broker")
     ap.add_argument("--broker-pid", type=int,

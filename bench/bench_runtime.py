@@ -28,7 +28,10 @@ times each (after one small warm-up run of each), the same transform (``select(k
   produces from the driver). Only for N <= ``--driver-max`` (its ledger record lists every id).
 
 Every run's output topic must hold exactly N messages (the broker's ``msgInCounter``). Medians
-of rows/s are reported, and the ratios against ``plain`` from the same run.
+of rows/s are reported, and the ratios against ``plain`` from the same run. After the runs, the
+broker's limit for a consume-and-produce pipeline of ``--size``-byte messages is measured on the
+same broker with ``bin/pulsar-perf`` (``bench_client.pipeline_limit``, ``--limit-seconds``): the
+"% of the broker's limit" column divides by it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from bench_client import pipeline_limit  # noqa: E402
 from bench_spark import msg_in_counter, official_partition_writer, prefill  # noqa: E402
 
 from spark_jobs import runtime_driver  # noqa: E402
@@ -211,6 +215,9 @@ def main() -> int:
     ap.add_argument("--batch-max-bytes", type=int,
                     help="the runtime's batch_max_bytes (default: run_job's for the distributed runtime, 64 MiB; "
                          "0: no bound by bytes)")
+    ap.add_argument("--limit-seconds", type=int, default=20,
+                    help="pulsar-perf produce/consume -time for the broker's limit, after the runs (0 = skip it)")
+    ap.add_argument("--pulsar-home", help="Pulsar distribution for bin/pulsar-perf (default: txn's cache)")
     args = ap.parse_args()
     url, admin = args.service_url, args.admin_url
     kinds = [k for k in ("distributed", "plain", "driver") if k in args.only.split(",")]
@@ -245,7 +252,7 @@ def main() -> int:
         for k in kinds:
             once(k, warm, 2000, "warm")
         progress("warm-up done")
-        rows: list[str] = []
+        rows: list[tuple[int, str, float, str, str]] = []  # (N, mode, rows/s, vs plain, runs)
         for n in [int(x) for x in args.sizes.split(",") if x.strip()]:
             inp = f"persistent://{ns}/in-{n}-{uid}"
             progress(f"pre-filling {inp} with {n:,} x {args.size} B")
@@ -262,19 +269,22 @@ def main() -> int:
             base = n / med["plain"] if "plain" in med else None
             for k in kinds:
                 if k not in med:
-                    rows.append(f"| {n:,} | {k} | n/a | | |")
+                    rows.append((n, k, float("nan"), "", ""))
                     continue
                 rate = n / med[k]
                 ratio = f"{rate / base:.2f}x" if base else "-"
                 runs = ", ".join(f"{n / s:,.0f}" for s in secs[k])
-                rows.append(f"| {n:,} | {k} | {rate:,.0f} | {ratio} | {runs} ({notes[k]}) |")
+                rows.append((n, k, rate, ratio, f"{runs} ({notes[k]})"))
+        limit, limit_note = pipeline_limit(url, args.size, args.limit_seconds, args.pulsar_home, progress)
         print(f"\n## Runtime vs plain Spark vs in-driver ({args.master}, {args.size} B messages, "
               f"{args.input_partitions}-partition input, driver memory {args.driver_memory or 'default'}, "
               f"maxResultSize {args.max_result_size or 'default'})\n")
-        print("| messages per batch | mode | rows/s (median) | vs plain | runs (rows/s) |")
-        print("|---:|---|---:|---:|---|")
-        print("\n".join(rows))
-        print(f"\nMachine: {machine_load(None)}.\n")
+        print("| messages per batch | mode | rows/s (median) | vs plain | % of the broker's limit | runs (rows/s) |")
+        print("|---:|---|---:|---:|---:|---|")
+        for n, k, rate, ratio, runs in rows:
+            pct = "n/a" if rate != rate or limit != limit else f"{100 * rate / limit:.0f}%"
+            print(f"| {n:,} | {k} | {'n/a' if rate != rate else f'{rate:,.0f}'} | {ratio} | {pct} | {runs} |")
+        print(f"\n{limit_note}\n\nMachine: {machine_load(None)}.\n")
     finally:
         spark.stop()
     return 0
