@@ -143,6 +143,9 @@ class ReceiveQueue:
         something is queued already (event-loop thread). :meth:`forget` it if it is given up."""
         if self._dq or self._closed is not None:
             return None
+        return self._add_waiter()
+
+    def _add_waiter(self) -> asyncio.Future[None]:
         fut = self._loop.create_future()
         self._async_waiters.append(fut)
         return fut
@@ -166,8 +169,7 @@ class ReceiveQueue:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise Timeout("no message received within the timeout")
-            fut = self._loop.create_future()
-            self._async_waiters.append(fut)
+            fut = self._add_waiter()
             try:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
@@ -254,8 +256,7 @@ class ReceiveQueue:
                 if self._batch_ready(max_n, max_bytes) or (remaining is not None and remaining <= 0):
                     out, flows = self._take_batch_locked(max_n, max_bytes)
                     break
-            fut = self._loop.create_future()
-            self._async_waiters.append(fut)
+            fut = self._add_waiter()
             try:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
